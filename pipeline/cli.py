@@ -1,0 +1,95 @@
+"""`pipeline` command: one subcommand per stage. Loads and validates params, calls the stage's run().
+
+No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import typer
+
+from pipeline.config import ConfigError, Params, load_params
+from pipeline.errors import StageError
+
+app = typer.Typer(
+    name="pipeline",
+    help="GTSRB MLOps pipeline: prepare -> train -> evaluate -> optimize -> benchmark -> containerize -> deploy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ParamsOption = typer.Option(Path("params.yaml"), "--params", "-p", help="Parameters file.")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _run_stage(module: str, params_path: Path) -> None:
+    """Validate params, import the stage lazily (importing `pipeline` stays fast), run it."""
+    try:
+        params: Params = load_params(params_path)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    stage = importlib.import_module(f"pipeline.{module}")
+    try:
+        stage.run(params)
+    except StageError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def prepare(params: Path = ParamsOption) -> None:
+    """Read GTSRB, crop to the sign, resize, split by track; write uint8 arrays and a manifest."""
+    _run_stage("prepare", params)
+
+
+@app.command()
+def train(params: Path = ParamsOption) -> None:
+    """Train the model (resumable; several processes with train.nproc)."""
+    _run_stage("train", params)
+
+
+@app.command()
+def evaluate(params: Path = ParamsOption) -> None:
+    """Accuracy, per-class accuracy, macro F1 and confusion matrix on the test split; quality gate."""
+    _run_stage("evaluate", params)
+
+
+@app.command()
+def optimize(params: Path = ParamsOption) -> None:
+    """Prune, quantize and export the trained model into verified variants."""
+    _run_stage("optimize", params)
+
+
+@app.command()
+def benchmark(params: Path = ParamsOption) -> None:
+    """Time every variant on every backend this machine has; choose the serving default."""
+    _run_stage("benchmark", params)
+
+
+@app.command()
+def containerize(params: Path = ParamsOption) -> None:
+    """Build the inference server image with the chosen model."""
+    _run_stage("containerize", params)
+
+
+@app.command()
+def deploy(params: Path = ParamsOption) -> None:
+    """Run the image, smoke-test it through the API on real test images."""
+    _run_stage("deploy", params)
+
+
+@app.command()
+def serve(params: Path = ParamsOption) -> None:
+    """Serve the chosen model over HTTP."""
+    _run_stage("serve", params)
+
+
+if __name__ == "__main__":
+    app()

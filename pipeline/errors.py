@@ -1,0 +1,10 @@
+"""Errors a user can fix: the CLI prints their message in one line, without a traceback."""
+
+
+class StageError(Exception):
+    """A stage cannot go on because of its inputs (missing data, bad params, a failed gate...)."""
+
+
+class NotImplementedStage(StageError):
+    def __init__(self, stage: str, issue: str) -> None:
+        super().__init__(f"the {stage} stage is not implemented yet ({issue})")
