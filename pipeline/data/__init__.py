@@ -1,0 +1,1 @@
+"""GTSRB reading and the batch loader over prepared arrays."""

@@ -1,0 +1,133 @@
+"""GTSRB on disk: torchvision's dataset code lists the files, the official CSVs give the ROI boxes."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import StageError
+from pipeline.preprocess import Box
+
+CLASS_NAMES: tuple[str, ...] = (
+    "Speed limit (20km/h)",
+    "Speed limit (30km/h)",
+    "Speed limit (50km/h)",
+    "Speed limit (60km/h)",
+    "Speed limit (70km/h)",
+    "Speed limit (80km/h)",
+    "End of speed limit (80km/h)",
+    "Speed limit (100km/h)",
+    "Speed limit (120km/h)",
+    "No passing",
+    "No passing for vehicles over 3.5 metric tons",
+    "Right-of-way at the next intersection",
+    "Priority road",
+    "Yield",
+    "Stop",
+    "No vehicles",
+    "Vehicles over 3.5 metric tons prohibited",
+    "No entry",
+    "General caution",
+    "Dangerous curve to the left",
+    "Dangerous curve to the right",
+    "Double curve",
+    "Bumpy road",
+    "Slippery road",
+    "Road narrows on the right",
+    "Road work",
+    "Traffic signals",
+    "Pedestrians",
+    "Children crossing",
+    "Bicycles crossing",
+    "Beware of ice/snow",
+    "Wild animals crossing",
+    "End of all speed and passing limits",
+    "Turn right ahead",
+    "Turn left ahead",
+    "Ahead only",
+    "Go straight or right",
+    "Go straight or left",
+    "Keep right",
+    "Keep left",
+    "Roundabout mandatory",
+    "End of no passing",
+    "End of no passing by vehicles over 3.5 metric tons",
+)
+NUM_CLASSES = len(CLASS_NAMES)
+
+LAYOUT_HELP = (
+    "expected torchvision's layout: ROOT/gtsrb/GTSRB/Training/000NN/TTTTT_FFFFF.ppm with GT-000NN.csv, "
+    "ROOT/gtsrb/GTSRB/Final_Test/Images/NNNNN.ppm and ROOT/gtsrb/GT-final_test.csv. "
+    "Get it with data.download: true on a machine with internet access, "
+    "or point data.root (or the GTSRB_ROOT environment variable) at an existing copy"
+)
+
+
+@dataclass(frozen=True)
+class SignFile:
+    path: Path
+    label: int
+    box: Box | None  # ROI from the official CSV; None when the file has no annotation row
+    track: int  # physical sign within the class (train only; -1 for test images)
+
+
+def _read_boxes(csv_path: Path) -> dict[str, tuple[Box, int]]:
+    """Filename -> (ROI box, ClassId) from one of GTSRB's semicolon-separated annotation files."""
+    boxes: dict[str, tuple[Box, int]] = {}
+    if not csv_path.is_file():
+        return boxes
+    with csv_path.open(newline="") as f:
+        for row in csv.DictReader(f, delimiter=";"):
+            try:
+                box = (int(row["Roi.X1"]), int(row["Roi.Y1"]), int(row["Roi.X2"]), int(row["Roi.Y2"]))
+                boxes[row["Filename"]] = (box, int(row["ClassId"]))
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed row: the image is still used, uncropped
+    return boxes
+
+
+def _torchvision_samples(root: Path, split: str, download: bool) -> list[tuple[str, int]]:
+    from torchvision.datasets import GTSRB
+
+    try:
+        dataset = GTSRB(root=str(root), split=split, download=download)
+    except RuntimeError as exc:  # torchvision: "Dataset not found..."
+        raise StageError(f"GTSRB {split} split not found under {root}: {LAYOUT_HELP}") from exc
+    except Exception as exc:  # a download without network fails in many ways (URLError, SSL, HTTP...)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StageError(
+            f"could not download GTSRB into {root} ({reason}). Set data.download: false and "
+            f"{LAYOUT_HELP}"
+        ) from exc
+    return list(dataset._samples)
+
+
+def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]:
+    """Every image of one split with its label, ROI box and track."""
+    samples = _torchvision_samples(root, split, download)
+    if not samples:
+        raise StageError(f"GTSRB {split} split under {root} holds no .ppm images: {LAYOUT_HELP}")
+    files: list[SignFile] = []
+    if split == "train":
+        by_folder: dict[Path, dict[str, tuple[Box, int]]] = {}
+        for path_str, _ in samples:
+            path = Path(path_str)
+            folder = path.parent
+            if folder not in by_folder:
+                by_folder[folder] = _read_boxes(folder / f"GT-{folder.name}.csv")
+            # The class is the folder's number (torchvision counts folders, which agrees on the full set).
+            label = int(folder.name)
+            annotation = by_folder[folder].get(path.name)
+            track = int(path.stem.split("_")[0]) if "_" in path.stem else -1
+            files.append(SignFile(path, label, annotation[0] if annotation else None, track))
+    else:
+        boxes = _read_boxes(root / "gtsrb" / "GT-final_test.csv")
+        for path_str, label in samples:
+            path = Path(path_str)
+            annotation = boxes.get(path.name)
+            files.append(SignFile(path, label, annotation[0] if annotation else None, -1))
+    bad_labels = sorted({f.label for f in files if not 0 <= f.label < NUM_CLASSES})
+    if bad_labels:
+        raise StageError(f"GTSRB {split} split under {root} has class ids outside 0..42: {bad_labels}")
+    return files
