@@ -15,7 +15,7 @@ from pipeline.errors import StageError
 
 app = typer.Typer(
     name="pipeline",
-    help="GTSRB MLOps pipeline: prepare -> train -> evaluate -> optimize -> benchmark -> containerize -> deploy.",
+    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, containerize, deploy.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -56,7 +56,7 @@ def split_by_track(files: Sequence[SignFile], val_fraction: float, seed: int) ->
     for label in sorted(tracks_of_class):
         tracks = sorted(tracks_of_class[label])
         n_val = max(1, round(len(tracks) * val_fraction)) if len(tracks) >= 2 else 0
-        chosen = rng.choice(len(tracks), size=n_val, replace=False) if n_val else []
+        chosen: list[int] = rng.choice(len(tracks), size=n_val, replace=False).tolist() if n_val else []
         val_tracks.update((label, tracks[i]) for i in chosen)
     train_idx = [i for i, f in enumerate(files) if (f.label, f.track) not in val_tracks]
     val_idx = [i for i, f in enumerate(files) if (f.label, f.track) in val_tracks]
@@ -117,9 +117,9 @@ def build_manifest(
         "splits": {
             split: {
                 "file": f"{split}.npz",
-                "count": int(len(arrays[split].labels)),
+                "count": len(arrays[split].labels),
                 "per_class": np.bincount(arrays[split].labels, minlength=NUM_CLASSES).tolist(),
-                "tracks": int(len(np.unique(arrays[split].tracks))) if split != "test" else None,
+                "tracks": len(np.unique(arrays[split].tracks)) if split != "test" else None,
             }
             for split in SPLITS
         },
@@ -155,7 +155,9 @@ def write_outputs(arrays: dict[str, SplitArrays], manifest: dict[str, object], o
         raise
 
 
-def write_reports(manifest: dict[str, object], bad: list[tuple[str, str]], report_dir: Path) -> dict[str, float]:
+def write_reports(
+    manifest: dict[str, object], bad: list[tuple[str, str]], report_dir: Path
+) -> dict[str, float]:
     report_dir.mkdir(parents=True, exist_ok=True)
     splits = manifest["splits"]
     assert isinstance(splits, dict)

@@ -97,8 +97,7 @@ def _torchvision_samples(root: Path, split: str, download: bool) -> list[tuple[s
     except Exception as exc:  # a download without network fails in many ways (URLError, SSL, HTTP...)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StageError(
-            f"could not download GTSRB into {root} ({reason}). Set data.download: false and "
-            f"{LAYOUT_HELP}"
+            f"could not download GTSRB into {root} ({reason}). Set data.download: false and {LAYOUT_HELP}"
         ) from exc
     return list(dataset._samples)
 

@@ -1,0 +1,74 @@
+"""The `pipeline` command as a user runs it: a separate process, exit codes, one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def pipeline(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_help_lists_every_stage(tmp_path: Path) -> None:
+    result = pipeline("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for stage in ("prepare", "train", "evaluate", "optimize", "benchmark", "containerize", "deploy", "serve"):
+        assert stage in result.stdout
+
+
+def test_bad_param_is_one_line_without_traceback(tmp_path: Path) -> None:
+    text = (REPO / "params.yaml").read_text().replace("image_size: 32", "image_size: big")
+    (tmp_path / "params.yaml").write_text(text)
+    result = pipeline("prepare", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: params.yaml: data.image_size: input should be a valid integer, got 'big'"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+def test_typo_in_key_names_it(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text("data:\n  imagesize: 32\n")
+    result = pipeline("prepare", "--params", "p.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "data.imagesize: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_dataset_explains_where_to_get_it(tmp_path: Path) -> None:
+    text = (REPO / "params.yaml").read_text().replace("download: true", "download: false")
+    (tmp_path / "params.yaml").write_text(text.replace("enabled: true", "enabled: false"))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GTSRB_ROOT"}
+    result = pipeline("prepare", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "GTSRB train split not found under data/raw" in result.stderr
+    assert "GTSRB_ROOT" in result.stderr
+
+
+def test_prepare_runs_through_the_cli(synthetic_gtsrb: Path, tmp_path: Path) -> None:
+    text = (REPO / "params.yaml").read_text().replace("enabled: true", "enabled: false")
+    (tmp_path / "params.yaml").write_text(text)
+    env = dict(__import__("os").environ, GTSRB_ROOT=str(synthetic_gtsrb))
+    result = pipeline("prepare", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "data/prepared/manifest.json").is_file()
+    assert "train" in result.stderr and "0 unreadable" in result.stderr
+
+
+@pytest.mark.parametrize("stage", ["optimize", "benchmark", "containerize", "deploy", "serve"])
+def test_unbuilt_stages_say_so(stage: str, tmp_path: Path) -> None:
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    result = pipeline(stage, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"the {stage} stage is not implemented yet" in result.stderr

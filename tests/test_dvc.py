@@ -1,0 +1,63 @@
+"""The real `dvc repro` on a copy of the project: caching, and re-running when a param changes."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, write_synthetic_gtsrb
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh git + DVC copy of the project, with the real sample if configured, else synthetic data."""
+    work = tmp_path / "project"
+    work.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, work / name)
+    shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    root = os.environ.get("GTSRB_ROOT") or str(write_synthetic_gtsrb(tmp_path / "raw"))
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, GTSRB_ROOT=root, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    _run(["git", "init", "-q"], work, env)
+    _run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
+    return work, env
+
+
+def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, dict[str, str]]) -> None:
+    work, env = project
+    dvc = [sys.executable, "-m", "dvc"]
+    first = _run([*dvc, "repro", "prepare"], work, env)
+    assert "Running stage 'prepare'" in first
+    assert (work / "data/prepared/train.npz").is_file()
+
+    second = _run([*dvc, "repro", "prepare"], work, env)
+    assert "Running stage 'prepare'" not in second
+    assert "didn't change" in second
+
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["data"]["image_size"] = 24
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    status = _run([*dvc, "status", "prepare"], work, env)
+    assert "modified" in status and "data.image_size" in status
+    third = _run([*dvc, "repro", "prepare"], work, env)
+    assert "Running stage 'prepare'" in third
+    import numpy as np
+
+    with np.load(work / "data/prepared/test.npz") as npz:
+        assert npz["images"].shape[1:] == (24, 24, 3)
+    metrics = _run([*dvc, "metrics", "show"], work, env)
+    assert "test_images" in metrics
