@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 
 from pipeline.config import ConfigError, Params, load_params
 from pipeline.errors import StageError
@@ -29,12 +30,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _run_stage(module: str, params_path: Path) -> None:
+def _run_stage(module: str, params_path: Path, serve_overrides: dict[str, object] | None = None) -> None:
     """Validate params, import the stage lazily (importing `pipeline` stays fast), run it."""
     try:
         params: Params = load_params(params_path)
+        if serve_overrides:
+            merged = params.serve.model_dump() | {k: v for k, v in serve_overrides.items() if v is not None}
+            params = params.model_copy(update={"serve": type(params.serve).model_validate(merged)})
     except ConfigError as exc:
         _fail(str(exc))
+        return
+    except ValidationError as exc:
+        _fail("; ".join(f"serve.{e['loc'][0]}: {e['msg']}" for e in exc.errors()))
         return
     stage = importlib.import_module(f"pipeline.{module}")
     try:
@@ -86,9 +93,23 @@ def deploy(params: Path = ParamsOption) -> None:
 
 
 @app.command()
-def serve(params: Path = ParamsOption) -> None:
-    """Serve the chosen model over HTTP."""
-    _run_stage("serve", params)
+def serve(
+    params: Path = ParamsOption,
+    host: str | None = typer.Option(None, help="Override serve.host (e.g. 0.0.0.0 in a container)."),
+    port: int | None = typer.Option(None, help="Override serve.port."),
+    variant: str | None = typer.Option(None, help="Override serve.variant."),
+    backend: str | None = typer.Option(None, help="Override serve.backend."),
+    max_batch_size: int | None = typer.Option(None, help="Override serve.max_batch_size (1 = no batching)."),
+) -> None:
+    """Serve the chosen model over HTTP (Open Inference Protocol v2 and /v1/predict)."""
+    overrides: dict[str, object] = {
+        "host": host,
+        "port": port,
+        "variant": variant,
+        "backend": backend,
+        "max_batch_size": max_batch_size,
+    }
+    _run_stage("serve", params, overrides)
 
 
 if __name__ == "__main__":

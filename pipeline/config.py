@@ -54,19 +54,69 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
+    """The network, built by name from pipeline/nets.py."""
+
     name: Literal["trafficsignnet", "signnet"] = "signnet"
+    """`signnet`: the default compact CNN; `trafficsignnet`: Arm's learning-path reference network."""
+    width: int = Field(16, ge=4, le=256)
+    """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
+    dropout: float = Field(0.2, ge=0.0, lt=1.0)
+    """signnet: dropout before the classifier."""
 
 
 class TrainConfig(Section):
-    epochs: int = Field(10, ge=1)
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(0.003, gt=0.0)
-    weight_decay: float = Field(0.0005, ge=0.0)
+    """The train stage: recipe, processes and checkpoints. Resumes from the last complete checkpoint."""
+
+    epochs: int = Field(15, ge=1, le=1000)
+    batch_size: int = Field(128, ge=1, le=65536)
+    """Global batch size: the sum over all processes (the per-process batch is this / nproc)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(0.003, gt=0.0, le=10.0)
+    """Peak learning rate of the one-cycle schedule (linear warm-up, then cosine decay to zero)."""
+    warmup_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    """Fraction of the steps spent warming the learning rate up."""
+    weight_decay: float = Field(0.0005, ge=0.0, le=1.0)
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    augment: bool = True
+    """Random affine (rotation, shift, scale, shear) and colour jitter, per image; never flips."""
+    rotation: float = Field(10.0, ge=0.0, le=180.0)
+    """Augmentation: maximum rotation, degrees."""
+    translate: float = Field(0.1, ge=0.0, le=0.5)
+    """Augmentation: maximum shift, as a fraction of the image side."""
+    scale: float = Field(0.1, ge=0.0, lt=1.0)
+    """Augmentation: scale factor drawn from [1 - scale, 1 + scale]."""
+    shear: float = Field(5.0, ge=0.0, le=45.0)
+    """Augmentation: maximum shear, degrees."""
+    color_jitter: float = Field(0.3, ge=0.0, lt=1.0)
+    """Augmentation: brightness, contrast and saturation factors drawn from [1 - x, 1 + x]."""
     seed: int = 0
+    nproc: int = Field(1, ge=1, le=64)
+    """Processes to train with (one per GPU on CUDA). Under torchrun, torchrun's world size wins."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """With several processes: DistributedDataParallel, or FSDP2 (`fully_shard`)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: cuda when available, else cpu."""
+    compile: bool = False
+    """Run the training step through torch.compile."""
+    amp: Literal["auto", "bf16", "off"] = "auto"
+    """bf16 autocast. `auto`: on for CUDA devices that support bf16, off on CPU (slower without native bf16)."""
+    threads: int = Field(0, ge=0, le=1024)
+    """CPU threads per process; 0 = the machine's cores divided by the number of processes."""
+    checkpoint_every: int = Field(100, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end); one is always saved at the end."""
+    keep_checkpoints: int = Field(2, ge=1, le=100)
+    """Complete checkpoints kept on disk (the newest ones)."""
+    eval_batch_size: int = Field(512, ge=1, le=65536)
 
 
 class EvaluateConfig(Section):
-    min_accuracy: float = Field(0.0, ge=0.0, le=1.0)
+    """The evaluate stage: metrics on the test split and the quality gate."""
+
+    min_accuracy: float = Field(0.97, ge=0.0, le=1.0)
+    """Fail the stage when test accuracy is below this (0 disables the gate)."""
+    worst_classes: int = Field(5, ge=0, le=43)
+    """How many of the least accurate classes to report."""
+    batch_size: int = Field(512, ge=1, le=65536)
 
 
 class TrackingConfig(Section):
@@ -77,11 +127,43 @@ class TrackingConfig(Section):
     experiment: str = "gtsrb"
 
 
+class ServeConfig(Section):
+    """The inference server (`pipeline serve`): model choice, dynamic batching and request limits."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on (the container image passes 0.0.0.0)."""
+    port: int = Field(8000, ge=1, le=65535)
+    model_name: str = Field("gtsrb", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Name under which the Open Inference Protocol API serves the model (/v2/models/{name})."""
+    variant: str = "auto"
+    """Model variant from models/manifest.json; `auto` = the benchmark stage's choice, else fp32-onnx."""
+    backend: str = "auto"
+    """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
+    threads: int = Field(0, ge=0, le=1024)
+    """Intra-op threads of the runtime; 0 = all cores."""
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    """Largest batch the dynamic batcher forms; 1 turns batching off."""
+    max_delay_ms: float = Field(2.0, ge=0.0, le=1000.0)
+    """How long the first image of a batch may wait for others."""
+    max_queue_images: int = Field(2048, ge=1)
+    """Images waiting for inference before new requests get 503 + Retry-After."""
+    request_timeout_s: float = Field(10.0, gt=0.0)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Larger request bodies get 413."""
+    max_images_per_request: int = Field(256, ge=1)
+    max_image_pixels: int = Field(4096 * 4096, ge=64)
+    """Larger images (by their header) get 400 without being decoded."""
+    top_k: int = Field(5, ge=1, le=43)
+    drain_timeout_s: float = Field(10.0, ge=0.0)
+    """On SIGTERM/SIGINT: how long in-flight requests may take to finish."""
+
+
 class Params(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    serve: ServeConfig = ServeConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -100,3 +100,19 @@ def stage_run(
         if params:
             run.log_params(flatten("", params))
         yield run
+
+
+def metrics_logger(config: TrackingConfig, run_id: str | None) -> Callable[[Mapping[str, float], int], None]:
+    """log_metrics(metrics, step) into an existing run from another process (e.g. a training worker
+    spawned by the stage that opened the run); a no-op when tracking is off or there is no run."""
+    if not config.enabled or run_id is None:
+        return lambda metrics, step: None
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(config))
+
+    def log(metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            client.log_metric(run_id, key, float(value), step=step)
+
+    return log

@@ -1,0 +1,351 @@
+"""The ASGI app: Open Inference Protocol v2, /v1/predict for people, Prometheus /metrics, OpenAPI docs.
+
+Every client mistake is a 4xx with a JSON body {"error": "..."}; inference runs off the event loop in
+the dynamic batcher; the queue is bounded (503 + Retry-After) and each request has a timeout (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pipeline.config import ServeConfig
+from pipeline.preprocess import Box
+from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
+from pipeline.serve.model import ServedModel
+from pipeline.serve.protocol import (
+    BINARY_HEADER,
+    BadRequest,
+    InferRequest,
+    PredictRequest,
+    decode_images,
+    encode_outputs,
+    json_bytes,
+    parse_infer_body,
+    parse_predict_json,
+    tensor_images,
+)
+
+OUTPUT_NAMES = ("probabilities", "class_id")
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body larger than {limit} bytes (serve.max_body_bytes)")
+
+
+class BodyLimit:
+    """Refuse bodies over the limit: by Content-Length up front, and while streaming otherwise."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                response = JSONResponse({"error": BodyTooLarge(self.max_bytes).detail}, status_code=413)
+                await response(scope, receive, send)
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class Metrics:
+    def __init__(self, max_batch_size: int) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "inference_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "inference_request_latency_seconds",
+            "Request latency by route",
+            ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, max_batch_size})
+        self.batch_size = Histogram(
+            "inference_batch_size",
+            "Images per model call",
+            buckets=[b for b in buckets if b <= max_batch_size],
+            registry=self.registry,
+        )
+        self.batch_seconds = Histogram(
+            "inference_batch_seconds",
+            "Model time per batch",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=self.registry,
+        )
+        self.queue = Gauge("inference_queue_images", "Images waiting for the model", registry=self.registry)
+        self.images = Counter("inference_images", "Images classified", registry=self.registry)
+        self.errors = Counter("inference_errors", "Failed requests by kind", ["kind"], registry=self.registry)
+
+    def batch_stats(self) -> BatchStats:
+        def on_batch(size: int, seconds: float) -> None:
+            self.batch_size.observe(size)
+            self.batch_seconds.observe(seconds)
+
+        return BatchStats(on_batch=on_batch, on_queue=self.queue.set)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
+    metrics = Metrics(config.max_batch_size)
+    batcher = DynamicBatcher(
+        model.probabilities,
+        config.max_batch_size,
+        config.max_delay_ms / 1000.0,
+        config.max_queue_images,
+        metrics.batch_stats(),
+    )
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        # Warm up (first calls allocate, compile or pick kernels) before saying ready.
+        await batcher.infer(np.zeros((1, 3, model.image_size, model.image_size), dtype=np.float32))
+        state["ready"] = True
+        yield
+        state["ready"] = False
+        await batcher.drain(config.drain_timeout_s)
+
+    app = FastAPI(
+        title="GTSRB traffic-sign classifier",
+        version=model.version,
+        description=(
+            "Open Inference Protocol v2 (KServe/Triton/MLServer REST, incl. Triton's binary tensor "
+            "extension) under /v2, and a simple image API under /v1."
+        ),
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        metrics.requests.labels(path, str(response.status_code)).inc()
+        metrics.latency.labels(path).observe(time.perf_counter() - started)
+        if response.status_code >= 400:
+            metrics.errors.labels(str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        return _error(422, f"{where}: {first['msg']}")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # never a bare 500 page
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    async def run_model(images: np.ndarray) -> np.ndarray:
+        try:
+            async with asyncio.timeout(config.request_timeout_s):
+                metrics.images.inc(len(images))
+                return await batcher.infer(images)
+        except QueueFull:
+            raise HTTPException(503, "server busy: inference queue is full", {"Retry-After": "1"}) from None
+        except Draining:
+            raise HTTPException(503, "server is shutting down", {"Retry-After": "5"}) from None
+        except TimeoutError:
+            raise HTTPException(504, f"inference took longer than {config.request_timeout_s} s") from None
+
+    def check_model(name: str) -> None:
+        if name != config.model_name:
+            raise HTTPException(404, f"unknown model {name!r}; this server serves {config.model_name!r}")
+
+    async def decode(items: list[tuple[bytes, Box | None]]) -> np.ndarray:
+        try:  # decoding is CPU work: keep it off the event loop
+            return await asyncio.to_thread(
+                decode_images, items, model.image_size, model.roi_margin, config.max_image_pixels
+            )
+        except BadRequest as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+
+    # ---- Open Inference Protocol v2 -------------------------------------------------------------------
+    @app.get("/v2/health/live", tags=["v2"])
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", tags=["v2"])
+    async def ready() -> JSONResponse:
+        return JSONResponse({"ready": state["ready"]}, status_code=200 if state["ready"] else 503)
+
+    @app.get("/v2", tags=["v2"])
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "gtsrb-pipeline", "version": model.version, "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/models/{name}", tags=["v2"])
+    async def model_metadata(name: str) -> dict[str, Any]:
+        check_model(name)
+        s = model.image_size
+        return {
+            "name": config.model_name,
+            "versions": [model.version],
+            "platform": model.backend,
+            "inputs": [{"name": "images", "datatype": "FP32", "shape": [-1, 3, s, s]}],
+            "outputs": [
+                {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(model.classes)]},
+                {"name": "class_id", "datatype": "INT64", "shape": [-1]},
+            ],
+            "parameters": {
+                "variant": model.variant,
+                "input_range": [0.0, 1.0],
+                "also_accepts": "a BYTES input [N] of encoded image files",
+                "classes": model.classes,
+            },
+        }
+
+    @app.get("/v2/models/{name}/ready", tags=["v2"])
+    async def model_ready(name: str) -> JSONResponse:
+        check_model(name)
+        return JSONResponse({"name": name, "ready": state["ready"]}, status_code=200 if state["ready"] else 503)
+
+    infer_schema = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": InferRequest.model_json_schema()}},
+        }
+    }
+
+    @app.post("/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema)
+    async def infer(name: str, request: Request) -> Response:
+        check_model(name)
+        body = await request.body()
+        try:
+            parsed, binary = parse_infer_body(body, request.headers.get(BINARY_HEADER))
+            inputs = tensor_images(parsed, binary, model.image_size, config.max_images_per_request)
+        except BadRequest as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        if isinstance(inputs[0], np.ndarray):
+            images = inputs[0]
+        else:
+            images = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
+        probabilities = await run_model(images)
+        wanted = [o.name for o in parsed.outputs] if parsed.outputs else list(OUTPUT_NAMES)
+        unknown = [n for n in wanted if n not in OUTPUT_NAMES]
+        if unknown:
+            raise HTTPException(400, f"unknown output {unknown[0]!r}; available: {', '.join(OUTPUT_NAMES)}")
+        values = {"probabilities": probabilities, "class_id": probabilities.argmax(axis=1).astype(np.int64)}
+        binary_out = bool((parsed.parameters or {}).get("binary_data_output")) or any(
+            (o.parameters or {}).get("binary_data") for o in parsed.outputs or []
+        )
+        described, chunks = encode_outputs({n: values[n] for n in wanted}, binary_out)
+        payload: dict[str, Any] = {
+            "model_name": config.model_name,
+            "model_version": model.version,
+            "outputs": described,
+        }
+        if parsed.id is not None:
+            payload["id"] = parsed.id
+        header = json_bytes(payload)
+        if not binary_out:
+            return Response(header, media_type="application/json")
+        return Response(
+            header + chunks,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(len(header))},
+        )
+
+    # ---- /v1: images in, sign names out -------------------------------------------------------------
+    predict_schema = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": PredictRequest.model_json_schema()},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                    }
+                },
+            },
+        }
+    }
+
+    @app.post("/v1/predict", tags=["v1"], openapi_extra=predict_schema)
+    async def predict(request: Request) -> dict[str, Any]:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        top_k = config.top_k
+        if content_type == "multipart/form-data":
+            try:
+                form = await request.form(max_files=config.max_images_per_request, max_fields=16)
+            except HTTPException:
+                raise
+            except Exception as exc:  # malformed multipart bodies surface as parser errors
+                raise HTTPException(400, f"malformed multipart body: {exc}") from None
+            uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+            if not uploads:
+                raise HTTPException(400, "no image files in the multipart body (use a file field, e.g. 'files')")
+            items: list[tuple[bytes, Box | None]] = [(await upload.read(), None) for upload in uploads]
+        elif content_type == "application/json":
+            try:
+                items, requested_k = parse_predict_json(await request.body(), config.max_images_per_request)
+            except BadRequest as exc:
+                raise HTTPException(exc.status, str(exc)) from None
+            top_k = requested_k or top_k
+        else:
+            raise HTTPException(
+                415,
+                f"unsupported content type {content_type or '(none)'!r}: use multipart/form-data or application/json",
+            )
+        probabilities = await run_model(await decode(items))
+        k = min(top_k, probabilities.shape[1])
+        order = np.argsort(-probabilities, axis=1)[:, :k]
+        return {
+            "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
+            "predictions": [
+                {
+                    "top_k": [
+                        {"class_id": int(c), "name": model.classes[int(c)], "probability": float(row[c])}
+                        for c in classes
+                    ]
+                }
+                for row, classes in zip(probabilities, order, strict=True)
+            ],
+        }
+
+    @app.get("/metrics", tags=["ops"])
+    async def prometheus() -> Response:
+        metrics.queue.set(batcher.queued_images)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,75 @@
+"""The model behind the server: a variant from models/manifest.json opened through the shared runtime
+interface (pipeline.runtimes, the same one the benchmark stage times), plus what the API needs to know."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import ServeConfig
+from pipeline.errors import StageError
+
+DEFAULT_VARIANT = "fp32-onnx"
+SERVING_CHOICE = "serving.json"  # written by the benchmark stage: {"variant": ..., "backend": ...}
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    classes: list[str]
+    image_size: int
+    roi_margin: float
+    variant: str
+    backend: str
+    version: str
+    predict_logits: Callable[[np.ndarray], np.ndarray]
+
+    def probabilities(self, images: np.ndarray) -> np.ndarray:
+        logits = self.predict_logits(images).astype(np.float32, copy=False)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def choose_variant(models_dir: Path, config: ServeConfig) -> tuple[str, str]:
+    """serve.variant/backend, or for `auto` the benchmark stage's choice, else the fp32 ONNX model."""
+    if config.variant != "auto":
+        return config.variant, config.backend
+    choice_file = models_dir / SERVING_CHOICE
+    if choice_file.is_file():
+        try:
+            choice = json.loads(choice_file.read_text())
+            return str(choice["variant"]), str(choice.get("backend", config.backend))
+        except (ValueError, KeyError, TypeError):
+            raise StageError(f"{choice_file} is not a valid serving choice (expected variant and backend)") from None
+    return DEFAULT_VARIANT, config.backend
+
+
+def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
+    from pipeline.runtimes import open_runtime, read_manifest
+
+    if not (models_dir / "manifest.json").is_file():
+        raise StageError(
+            f"no model to serve: {models_dir / 'manifest.json'} is missing; run the pipeline up to the "
+            "optimize stage first (dvc repro optimize)"
+        )
+    manifest = read_manifest(models_dir)
+    variant_name, backend = choose_variant(models_dir, config)
+    variants = {v.name: v for v in manifest.variants if v.accepted}
+    if variant_name not in variants:
+        raise StageError(
+            f"variant {variant_name!r} is not among the accepted variants in {models_dir / 'manifest.json'}: "
+            f"{', '.join(sorted(variants)) or 'none'}"
+        )
+    runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None)
+    return ServedModel(
+        classes=list(manifest.classes),
+        image_size=manifest.image_size,
+        roi_margin=manifest.preprocess.roi_margin,
+        variant=variant_name,
+        backend=runtime.name,
+        version=variants[variant_name].sha256[:12],
+        predict_logits=runtime.predict,
+    )

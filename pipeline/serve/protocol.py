@@ -1,0 +1,222 @@
+"""Request parsing for both APIs: Open Inference Protocol v2 tensors (JSON or Triton's binary tensor
+extension) and image uploads. Everything a client can get wrong raises BadRequest with a message."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.preprocess import BadImage, Box, open_image, to_array
+
+BINARY_HEADER = "inference-header-content-length"
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class TensorInput(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class InferRequest(BaseModel):
+    """POST /v2/models/{name}/infer (KServe / Triton / MLServer's REST protocol)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[TensorInput] = Field(min_length=1)
+    outputs: list[RequestedOutput] | None = None
+
+
+class ImageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    data: str = Field(description="base64-encoded image file (PNG, JPEG, PPM, ...)")
+    box: tuple[int, int, int, int] | None = Field(
+        None, description="optional sign region x1, y1, x2, y2 (inclusive), as in GTSRB's CSVs"
+    )
+
+
+class PredictRequest(BaseModel):
+    """POST /v1/predict as JSON: images as base64 strings or {data, box} objects."""
+
+    model_config = ConfigDict(extra="forbid")
+    images: list[str | ImageItem] = Field(min_length=1)
+    top_k: int | None = Field(None, ge=1, le=43)
+
+
+def parse_infer_body(body: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
+    """Split the JSON header from trailing binary tensor data (binary extension) and validate it."""
+    binary = b""
+    if header_length is not None:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise BadRequest("Inference-Header-Content-Length must be an integer") from None
+        if not 0 < size <= len(body):
+            raise BadRequest(f"Inference-Header-Content-Length {size} does not fit a body of {len(body)} bytes")
+        body, binary = body[:size], body[size:]
+    try:
+        return InferRequest.model_validate_json(body), binary
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise BadRequest(f"invalid inference request: {where}: {first['msg']}") from None
+
+
+def _binary_slice(tensor: TensorInput, binary: bytes, offset: int) -> tuple[bytes | None, int]:
+    size = (tensor.parameters or {}).get("binary_data_size")
+    if size is None:
+        return None, offset
+    if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+        raise BadRequest(f"input {tensor.name!r}: binary_data_size {size} exceeds the binary data sent")
+    return binary[offset : offset + size], offset + size
+
+
+def _split_bytes_elements(raw: bytes, count: int, name: str) -> list[bytes]:
+    """BYTES tensors in the binary extension: each element is a 4-byte little-endian length + data."""
+    items, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise BadRequest(f"input {name!r}: truncated BYTES element header")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise BadRequest(f"input {name!r}: BYTES element longer than the data sent")
+        items.append(raw[offset : offset + length])
+        offset += length
+    if len(items) != count:
+        raise BadRequest(f"input {name!r}: shape says {count} elements, data holds {len(items)}")
+    return items
+
+
+def _b64(value: Any, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}: expected a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{where}: not valid base64") from None
+
+
+def tensor_images(
+    request: InferRequest, binary: bytes, image_size: int, max_images: int
+) -> list[np.ndarray] | list[bytes]:
+    """The single input as a float32 batch [N,3,S,S] (FP32) or a list of encoded images (BYTES)."""
+    if len(request.inputs) != 1:
+        raise BadRequest(f"expected exactly one input tensor, got {len(request.inputs)}")
+    tensor = request.inputs[0]
+    shape = tensor.shape
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise BadRequest(f"input {tensor.name!r}: shape must be non-negative integers, got {shape}")
+    count = int(np.prod(shape)) if shape else 1
+    raw, _ = _binary_slice(tensor, binary, 0)
+    if tensor.datatype == "FP32":
+        expected = [None, 3, image_size, image_size]
+        if len(shape) != 4 or shape[1:] != expected[1:]:
+            raise BadRequest(
+                f"input {tensor.name!r}: FP32 shape must be [N, 3, {image_size}, {image_size}], got {shape}"
+            )
+        if not 1 <= shape[0] <= max_images:
+            raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
+        if raw is not None:
+            if len(raw) != count * 4:
+                raise BadRequest(f"input {tensor.name!r}: {len(raw)} bytes for {count} FP32 values")
+            array = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        else:
+            if tensor.data is None:
+                raise BadRequest(f"input {tensor.name!r}: no data")
+            try:
+                array = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+            except (TypeError, ValueError):
+                raise BadRequest(f"input {tensor.name!r}: data must be numbers") from None
+            if array.size != count:
+                raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} values, got {array.size}")
+        if not np.isfinite(array).all():
+            raise BadRequest(f"input {tensor.name!r}: values must be finite")
+        return [array.reshape(shape)]
+    if tensor.datatype == "BYTES":
+        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+            raise BadRequest(f"input {tensor.name!r}: BYTES shape must be [N] or [N, 1], got {shape}")
+        if not 1 <= shape[0] <= max_images:
+            raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
+        if raw is not None:
+            return _split_bytes_elements(raw, count, tensor.name)
+        if tensor.data is None:
+            raise BadRequest(f"input {tensor.name!r}: no data")
+        flat = np.asarray(tensor.data, dtype=object).reshape(-1).tolist()
+        if len(flat) != count:
+            raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} elements, got {len(flat)}")
+        return [_b64(item, f"input {tensor.name!r}") for item in flat]
+    raise BadRequest(f"input {tensor.name!r}: datatype must be FP32 or BYTES, got {tensor.datatype!r}")
+
+
+def decode_images(
+    images: list[tuple[bytes, Box | None]], image_size: int, roi_margin: float, max_pixels: int
+) -> np.ndarray:
+    """Encoded images -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
+    out = np.empty((len(images), 3, image_size, image_size), dtype=np.float32)
+    for i, (data, box) in enumerate(images):
+        try:
+            pixels = to_array(open_image(data, max_pixels), image_size, box, roi_margin)
+        except BadImage as exc:
+            raise BadRequest(f"image {i}: {exc}") from None
+        out[i] = pixels.transpose(2, 0, 1) / np.float32(255.0)
+    return out
+
+
+def parse_predict_json(body: bytes, max_images: int) -> tuple[list[tuple[bytes, Box | None]], int | None]:
+    try:
+        request = PredictRequest.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise BadRequest(f"invalid request: {where}: {first['msg']}") from None
+    if len(request.images) > max_images:
+        raise BadRequest(f"at most {max_images} images per request, got {len(request.images)}")
+    items: list[tuple[bytes, Box | None]] = []
+    for i, item in enumerate(request.images):
+        if isinstance(item, str):
+            items.append((_b64(item, f"images.{i}"), None))
+        else:
+            items.append((_b64(item.data, f"images.{i}.data"), item.box))
+    return items, request.top_k
+
+
+def encode_outputs(outputs: dict[str, np.ndarray], binary: bool) -> tuple[list[dict[str, Any]], bytes]:
+    """OIP output tensors, as JSON data or as binary chunks after the JSON header."""
+    described, chunks = [], []
+    for name, array in outputs.items():
+        datatype = "FP32" if array.dtype == np.float32 else "INT64"
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        described.append(entry)
+    return described, b"".join(chunks)
+
+
+def json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
