@@ -1,0 +1,82 @@
+"""What machine and builds a measurement was taken on: CPU, ISA flags, cores, library versions, and the
+BLAS / oneDNN / Arm Compute Library that the installed torch was built with (read from the build,
+never assumed from the architecture: aarch64 wheels have shipped OpenBLAS and, later, NVPL)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# ISA features that decide which kernels run: x86 vector/int8/bf16 extensions, Arm NEON/SVE/dot/bf16.
+INTERESTING_FLAGS = (
+    "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
+    "asimd", "asimddp", "sve", "sve2", "bf16", "i8mm",
+)  # fmt: skip
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown", set()
+    model = "unknown"
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model", "hardware") and model == "unknown":
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+        elif key == "cpu part" and model == "unknown":
+            model = f"Arm part {value.strip()}"
+    return model, flags
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def torch_build() -> dict[str, Any]:
+    """BLAS, oneDNN and ACL of the installed torch, from torch.__config__ (imports torch)."""
+    import torch
+
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    onednn = re.search(r"MKL-DNN v([\d.]+)", config) or re.search(r"oneDNN v([\d.]+)", config)
+    acl = getattr(torch.backends.mkldnn, "is_acl_available", lambda: False)()
+    return {
+        "torch": torch.__version__,
+        "blas": blas.group(1) if blas else "unknown",
+        "onednn": onednn.group(1) if onednn else None,
+        "onednn_available": bool(torch.backends.mkldnn.is_available()),
+        "acl": bool(acl),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def facts(with_torch: bool = True) -> dict[str, Any]:
+    model, flags = _cpuinfo()
+    info: dict[str, Any] = {
+        "architecture": platform.machine(),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "isa": sorted(f for f in INTERESTING_FLAGS if f in flags),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "onnxruntime": _version("onnxruntime"),
+        "torchao": _version("torchao"),
+    }
+    if with_torch:
+        info.update(torch_build())
+    return info
