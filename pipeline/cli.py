@@ -81,6 +81,24 @@ def benchmark(params: Path = ParamsOption) -> None:
 
 
 @app.command()
+def compare(
+    reports: list[Path] = typer.Argument(..., help="Benchmark report.json files, e.g. from the x86 and Arm runners."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Also write the markdown table here."),
+) -> None:
+    """Merge benchmark reports of several machines into one table with ratios against each baseline."""
+    from pipeline.benchmark import compare as merge_reports
+
+    try:
+        table = merge_reports(reports)
+    except StageError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(table)
+    if output:
+        output.write_text(table)
+
+
+@app.command()
 def containerize(params: Path = ParamsOption) -> None:
     """Build the inference server image with the chosen model."""
     _run_stage("containerize", params)

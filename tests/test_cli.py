@@ -66,7 +66,7 @@ def test_prepare_runs_through_the_cli(synthetic_gtsrb: Path, tmp_path: Path) -> 
     assert "train" in result.stderr and "0 unreadable" in result.stderr
 
 
-@pytest.mark.parametrize("stage", ["benchmark", "containerize", "deploy"])
+@pytest.mark.parametrize("stage", ["containerize", "deploy"])
 def test_unbuilt_stages_say_so(stage: str, tmp_path: Path) -> None:
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     result = pipeline(stage, cwd=tmp_path)

@@ -57,12 +57,7 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         )
     manifest = read_manifest(models_dir)
     variant_name, backend = choose_variant(models_dir, config)
-    variants = {v.name: v for v in manifest.variants if v.accepted}
-    if variant_name not in variants:
-        raise StageError(
-            f"variant {variant_name!r} is not among the accepted variants in {models_dir / 'manifest.json'}: "
-            f"{', '.join(sorted(variants)) or 'none'}"
-        )
+    variant = manifest.variant(variant_name)  # a StageError naming the shipped variants if unknown
     runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None)
     return ServedModel(
         classes=list(manifest.classes),
@@ -70,6 +65,6 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         roi_margin=manifest.preprocess.roi_margin,
         variant=variant_name,
         backend=runtime.name,
-        version=variants[variant_name].sha256[:12],
+        version=variant.sha256[:12],
         predict_logits=runtime.predict,
     )
