@@ -127,6 +127,31 @@ class TrackingConfig(Section):
     experiment: str = "gtsrb"
 
 
+class BenchmarkConfig(Section):
+    """The benchmark stage: what to time and how long, and how the serving default is chosen."""
+
+    warmup: int = Field(10, ge=0)
+    """Untimed calls before timing latency."""
+    latency_calls: int = Field(200, ge=1)
+    """At least this many single-image calls for the latency percentiles."""
+    min_seconds: float = Field(1.0, gt=0.0)
+    """Each timing repeats for at least this long."""
+    batch_sizes: list[int] = Field(default_factory=lambda: [32, 256], min_length=1)
+    """Throughput batch sizes; the first one ranks the setups and picks the serving default."""
+    threads: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    """Thread counts to measure at (0 = all cores)."""
+    backends: list[str] = Field(default_factory=list)
+    """Only these backends (empty = every backend a variant can run on)."""
+    serving_backends: list[str] = Field(default_factory=lambda: ["onnxruntime"], min_length=1)
+    """Backends the server image can run: the serving default is chosen among them."""
+    max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)
+    """A setup may serve only within this top-1 drop from the fp32 model (0.005 = 0.5 points)."""
+    timeout_s: float = Field(600.0, gt=0.0)
+    """A setup taking longer is reported as failed."""
+    profile: bool = True
+    """Save an operator profile of the chosen setup."""
+
+
 class ServeConfig(Section):
     """The inference server (`pipeline serve`): model choice, dynamic batching and request limits."""
 
@@ -158,12 +183,91 @@ class ServeConfig(Section):
     """On SIGTERM/SIGINT: how long in-flight requests may take to finish."""
 
 
+class OptimizeConfig(Section):
+    """The optimize stage: which variants of the trained model to make and the gates they must pass."""
+
+    max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)
+    """Accept a variant only when its test top-1 is at most this below the fp32 model's (0.005 = 0.5 points)."""
+    prune_amount: float = Field(0.25, ge=0.0, lt=1.0)
+    """Fraction of the filters removed from every convolution (whole filters, smallest norm); 0 = no pruning."""
+    prune_norm: Literal["l1", "l2"] = "l1"
+    """Norm that ranks the filters of a convolution for pruning."""
+    finetune_epochs: int = Field(1, ge=0, le=100)
+    """Epochs of fine-tuning after pruning (augmentation as in `train`)."""
+    finetune_lr: float = Field(0.001, gt=0.0, le=10.0)
+    """Peak AdamW learning rate of the fine-tune (cosine decay to zero)."""
+    finetune_batch_size: int = Field(128, ge=1, le=65536)
+    calibration_images: int = Field(512, ge=1, le=100000)
+    """Training images used to calibrate int8 activation ranges (a seeded random subset)."""
+    parity_max_abs_diff: float = Field(1e-3, gt=0.0)
+    """An exported ONNX model may differ from torch by at most this in any logit on the test images."""
+    parity_min_top1_agreement: float = Field(0.999, ge=0.0, le=1.0)
+    """... and must predict the same class as torch on at least this fraction of them."""
+    int8_torch: bool = True
+    """Make the PyTorch int8 variant (torchao pt2e static quantization, x86 or Arm quantizer)."""
+    int8_onnx: bool = True
+    """Make the ONNX Runtime int8 variants (QDQ, per-channel weights)."""
+    bf16: Literal["auto", "on", "off"] = "auto"
+    """bf16 variant: `auto` only when the CPU has native bf16 (AVX512-BF16/AMX or Arm BF16), `on` always."""
+    registered_model_name: str = Field("gtsrb-classifier", min_length=1, max_length=200)
+    """MLflow registered model: every accepted variant becomes one version of it."""
+    batch_size: int = Field(256, ge=1, le=65536)
+    """Batch size for evaluating the variants."""
+    threads: int = Field(0, ge=0, le=1024)
+    """CPU threads for evaluation and fine-tuning; 0 = all cores."""
+    seed: int = 0
+
+
+class ContainerizeConfig(Section):
+    """The containerize stage: the inference server image (ONNX Runtime, no training stack)."""
+
+    image: str = Field("gtsrb-server", pattern=r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9]$")
+    """Image repository, e.g. `gtsrb-server` or `ghcr.io/OWNER/gtsrb-server`; tags: git commit, model version."""
+    variant: str = "auto"
+    """`fp32-onnx`, `int8-onnx`, or `auto`: the benchmark stage's choice when it is an ONNX variant, else fp32-onnx."""
+    base_image: str = "python:3.11-slim-bookworm"
+    """Base of both Dockerfile stages. A `local/...` name that is missing is built with docker/base-image.sh."""
+    platforms: list[str] = Field(default_factory=lambda: ["linux/amd64"], min_length=1)
+    """linux/amd64 and/or linux/arm64; a platform other than the engine's is built under emulation (qemu)."""
+    buildkit: bool = False
+    """Build with BuildKit instead of the legacy builder."""
+    source_url: str = ""
+    """OCI label org.opencontainers.image.source; empty: derived from the git remote `origin`."""
+    skip_without_engine: bool = False
+    """With no Docker engine reachable: record a skipped build instead of failing the stage."""
+
+
+class DeployConfig(Section):
+    """The deploy stage: run the image, smoke-test it through its API on the test images."""
+
+    target: Literal["local", "registry"] = "local"
+    """`local`: run the built image; `registry`: push it, pull it back by digest, run that."""
+    registry: str = "127.0.0.1:5000"
+    """Registry for the `registry` target, e.g. ghcr.io/OWNER (log in with `docker login` first)."""
+    host_port: int = Field(0, ge=0, le=65535)
+    """Port on 127.0.0.1 the container's port 8000 is published on; 0 = any free port."""
+    container_name: str = Field("gtsrb-server", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    keep_running: bool = False
+    """Leave the container running after the smoke test (it is replaced on the next deploy)."""
+    ready_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+    smoke_images: int = Field(0, ge=0)
+    """Test images to send (the first N); 0 = all of data/prepared/test.npz."""
+    accuracy_tolerance: float = Field(0.0, ge=0.0, le=1.0)
+    """Largest allowed |accuracy through the API - evaluate stage's accuracy| (0: must be equal)."""
+    skip_without_engine: bool = False
+    """With no Docker engine reachable: record a skipped deploy instead of failing the stage."""
+
+
 class Params(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    optimize: OptimizeConfig = OptimizeConfig()
+    benchmark: BenchmarkConfig = BenchmarkConfig()
     serve: ServeConfig = ServeConfig()
+    containerize: ContainerizeConfig = ContainerizeConfig()
+    deploy: DeployConfig = DeployConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 
