@@ -118,6 +118,7 @@ def serve(
     variant: str | None = typer.Option(None, help="Override serve.variant."),
     backend: str | None = typer.Option(None, help="Override serve.backend."),
     max_batch_size: int | None = typer.Option(None, help="Override serve.max_batch_size (1 = no batching)."),
+    threads: int | None = typer.Option(None, help="Override serve.threads (e.g. the pod's CPU limit)."),
 ) -> None:
     """Serve the chosen model over HTTP (Open Inference Protocol v2 and /v1/predict)."""
     overrides: dict[str, object] = {
@@ -126,6 +127,7 @@ def serve(
         "variant": variant,
         "backend": backend,
         "max_batch_size": max_batch_size,
+        "threads": threads,
     }
     _run_stage("serve", params, overrides)
 

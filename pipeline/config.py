@@ -67,7 +67,7 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """The train stage: recipe, processes and checkpoints. Resumes from the last complete checkpoint."""
 
-    epochs: int = Field(15, ge=1, le=1000)
+    epochs: int = Field(12, ge=1, le=1000)
     batch_size: int = Field(128, ge=1, le=65536)
     """Global batch size: the sum over all processes (the per-process batch is this / nproc)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"

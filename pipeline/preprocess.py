@@ -57,6 +57,8 @@ def open_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
         image.load()  # decode now: truncated files fail here, not later
     except BadImage:
         raise
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:  # PIL's own guard, for headers far beyond max_pixels
+        raise BadImage(f"image is larger than {max_pixels} pixels") from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise BadImage(f"cannot decode image: {exc}") from None
     return image

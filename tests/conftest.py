@@ -91,3 +91,39 @@ def real_gtsrb_root() -> Path:
     if not (root / "gtsrb" / "GTSRB" / "Training").is_dir():
         pytest.skip(f"GTSRB_ROOT={value} does not hold gtsrb/GTSRB/Training")
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
+    data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume."""
+    import contextlib
+
+    import yaml
+
+    from pipeline import optimize, prepare, train
+
+    base = tmp_path_factory.mktemp("tiny-project")
+    raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
+    work = base / "project"
+    work.mkdir()
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"].update({"root": str(raw), "download": False})
+    params.setdefault("model", {}).update({"name": "signnet", "width": 8})
+    params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
+    params.setdefault("optimize", {}).update(
+        {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 0.05}
+    )
+    params["tracking"] = {"enabled": False}
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    parsed = parse_params(params)
+    with contextlib.chdir(work):
+        old = os.environ.pop("GTSRB_ROOT", None)
+        try:
+            prepare.run(parsed)
+            train.run(parsed)
+            optimize.run(parsed)
+        finally:
+            if old is not None:
+                os.environ["GTSRB_ROOT"] = old
+    return work

@@ -20,6 +20,9 @@ def test_plan_covers_every_accepted_variant_backend_and_setting() -> None:
             _variant("fp32", ["torch-eager", "torch-compile"]),
             _variant("fp32-onnx", ["onnxruntime"]),
             _variant("bad", ["onnxruntime"], accepted=False),
+            SimpleNamespace(
+                name="int8-pt2e", runtimes=["torch-compile", "torch-eager"], accepted=True, format="torch-export"
+            ),
         ]
     )
     facts = {"onednn_available": True, "isa": ["avx2"], "cuda": None}
@@ -28,8 +31,11 @@ def test_plan_covers_every_accepted_variant_backend_and_setting() -> None:
     assert ("fp32", "torch-eager", "onednn-off", 0) in labels and ("fp32", "torch-eager", "onednn-on", 1) in labels
     assert ("fp32", "torch-compile", "default", 0) in labels and ("fp32-onnx", "onnxruntime", "default", 1) in labels
     assert not any(s.variant == "bad" for s in setups)
-    assert len(setups) == 8
-    assert [(r.setup.setting, r.error) for r in skipped] == [("bf16-fpmath", "CPU has no native bf16")]
+    assert ("int8-pt2e", "torch-compile", "default", 0) in labels
+    assert not any(s.variant == "int8-pt2e" and s.backend == "torch-eager" for s in setups)
+    assert len(setups) == 10
+    assert [r.setup.setting for r in skipped] == ["bf16-fpmath", "default"]
+    assert "compiled only" in (skipped[1].error or "")
 
     with_bf16, _ = benchmark.plan(manifest, facts | {"isa": ["avx512_bf16"]}, BenchmarkConfig(threads=[0]))
     assert ("fp32", "torch-eager", "bf16-fpmath", 0) in {
@@ -92,3 +98,42 @@ def test_markdown_table_marks_the_served_setup(tmp_path: Path) -> None:
     report["chosen"] = report["results"][1]["setup"]
     table = benchmark.markdown_table(report)
     assert "int8-onnx **(served)**" in table and "12.00×" in table and "4.00×" in table
+
+
+def test_benchmark_stage_on_a_real_tiny_model(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import yaml
+
+    from pipeline.config import parse_params
+
+    work = tmp_path / "project"
+    shutil.copytree(tiny_project, work, symlinks=True)
+    monkeypatch.chdir(work)
+    raw = yaml.safe_load(Path("params.yaml").read_text())
+    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05}  # fmt: skip
+    benchmark.run(parse_params(raw))
+
+    report = json.loads(Path("reports/benchmark/report.json").read_text())
+    machine = report["machine"]
+    for key in ("architecture", "cpu", "cores", "isa", "torch", "blas", "onednn", "acl", "onnxruntime"):
+        assert key in machine
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    assert {(r["setup"]["variant"], r["setup"]["backend"]) for r in ok} >= {
+        ("fp32", "torch-eager"),
+        ("fp32-onnx", "onnxruntime"),
+    }
+    for r in ok:
+        assert set(r["metrics"]) == {"startup_s", "p50_ms", "p90_ms", "p99_ms", "throughput_b32", "throughput_b256",
+                                     "accuracy", "peak_memory_mb"}  # fmt: skip
+        assert r["metrics"]["p50_ms"] <= r["metrics"]["p99_ms"] and 0 <= r["metrics"]["accuracy"] <= 1
+    onednn = {r["setup"]["setting"] for r in ok if r["setup"]["backend"] == "torch-eager"}
+    assert onednn == {"onednn-off", "onednn-on"}
+    choice = json.loads(Path("models/serving.json").read_text())
+    assert choice["backend"] == "onnxruntime" and report["chosen"]["variant"] == choice["variant"]
+    assert "**(served)**" in Path("reports/benchmark/table.md").read_text()
+    assert Path("reports/benchmark/throughput.png").stat().st_size > 0
+    assert "Conv" in Path("reports/benchmark/profile.txt").read_text()

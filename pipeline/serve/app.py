@@ -103,6 +103,7 @@ class Metrics:
             registry=self.registry,
         )
         self.queue = Gauge("inference_queue_images", "Images waiting for the model", registry=self.registry)
+        self.in_flight = Gauge("inference_in_flight_requests", "Requests being handled", registry=self.registry)
         self.images = Counter("inference_images", "Images classified", registry=self.registry)
         self.errors = Counter("inference_errors", "Failed requests by kind", ["kind"], registry=self.registry)
 
@@ -153,7 +154,11 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     @app.middleware("http")
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         started = time.perf_counter()
-        response = await call_next(request)
+        metrics.in_flight.inc()
+        try:
+            response = await call_next(request)
+        finally:
+            metrics.in_flight.dec()
         route = request.scope.get("route")
         path = getattr(route, "path", "unmatched")
         metrics.requests.labels(path, str(response.status_code)).inc()
@@ -239,11 +244,17 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         check_model(name)
         return JSONResponse({"name": name, "ready": state["ready"]}, status_code=200 if state["ready"] else 503)
 
+    components: dict[str, Any] = {}
+
+    def body_schema(model_class: type[InferRequest] | type[PredictRequest]) -> dict[str, Any]:
+        """The model's JSON schema, its nested definitions published as OpenAPI components."""
+        schema = model_class.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model_class.__name__] = schema
+        return {"$ref": f"#/components/schemas/{model_class.__name__}"}
+
     infer_schema = {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": InferRequest.model_json_schema()}},
-        }
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(InferRequest)}}}
     }
 
     @app.post("/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema)
@@ -290,7 +301,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {"schema": PredictRequest.model_json_schema()},
+                "application/json": {"schema": body_schema(PredictRequest)},
                 "multipart/form-data": {
                     "schema": {
                         "type": "object",
@@ -329,7 +340,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             )
         probabilities = await run_model(await decode(items))
         k = min(top_k, probabilities.shape[1])
-        order = np.argsort(-probabilities, axis=1)[:, :k]
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]  # ties: lowest id, as argmax
         return {
             "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
             "predictions": [
@@ -348,4 +359,18 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         metrics.queue.set(batcher.queued_images)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            for operation in (op for item in schema["paths"].values() for op in item.values()):
+                for parameter in operation.get("parameters", []):
+                    if parameter["name"] == "name" and parameter["in"] == "path":
+                        parameter["schema"] = {"type": "string", "enum": [config.model_name]}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

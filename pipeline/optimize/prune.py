@@ -1,0 +1,97 @@
+"""Structured pruning: remove whole convolution filters (smallest L1/L2 norm) and the matching input
+channels of the next layer, so the pruned network is really smaller and faster (not a masked copy).
+
+Works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution feeds
+exactly the next convolution or, after the last one, the classifier's Linear (through global average
+pooling, or a Flatten of C x H x W features). Networks with branches are out of scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    channels_before: list[int]
+    channels_after: list[int]
+
+
+def filter_norms(conv: nn.Conv2d, norm: Literal["l1", "l2"]) -> torch.Tensor:
+    flat = conv.weight.detach().flatten(1)
+    return flat.abs().sum(1) if norm == "l1" else flat.pow(2).sum(1).sqrt()
+
+
+def _chain(model: nn.Module) -> list[nn.Module]:
+    layers: list[nn.Module] = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.BatchNorm2d | nn.Linear)]
+    if not any(isinstance(m, nn.Conv2d) for m in layers):
+        raise ValueError("the model has no convolutions to prune")
+    for m in layers:
+        if isinstance(m, nn.Conv2d) and m.groups != 1:
+            raise ValueError("grouped convolutions are not supported by the pruner")
+    return layers
+
+
+@torch.no_grad()
+def _keep_outputs(conv: nn.Conv2d, keep: torch.Tensor) -> None:
+    conv.weight = nn.Parameter(conv.weight[keep].clone())
+    if conv.bias is not None:
+        conv.bias = nn.Parameter(conv.bias[keep].clone())
+    conv.out_channels = len(keep)
+
+
+@torch.no_grad()
+def _keep_bn(bn: nn.BatchNorm2d, keep: torch.Tensor) -> None:
+    if bn.weight is not None and bn.bias is not None:
+        bn.weight = nn.Parameter(bn.weight[keep].clone())
+        bn.bias = nn.Parameter(bn.bias[keep].clone())
+    if bn.running_mean is not None and bn.running_var is not None:
+        bn.running_mean = bn.running_mean[keep].clone()
+        bn.running_var = bn.running_var[keep].clone()
+    bn.num_features = len(keep)
+
+
+@torch.no_grad()
+def _keep_inputs(layer: nn.Module, keep: torch.Tensor, channels: int) -> None:
+    if isinstance(layer, nn.Conv2d):
+        layer.weight = nn.Parameter(layer.weight[:, keep].clone())
+        layer.in_channels = len(keep)
+        return
+    assert isinstance(layer, nn.Linear)
+    per_channel = layer.in_features // channels  # 1 after global pooling, H*W after a Flatten
+    if per_channel * channels != layer.in_features:
+        raise ValueError(f"cannot map {channels} channels onto a Linear of {layer.in_features} inputs")
+    columns = (keep.view(-1, 1) * per_channel + torch.arange(per_channel).view(1, -1)).flatten()
+    layer.weight = nn.Parameter(layer.weight[:, columns].clone())
+    layer.in_features = len(columns)
+
+
+def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1") -> PruneReport:
+    """Remove round(amount x out_channels) filters from every convolution, in place (keeps >= 1)."""
+    if not 0.0 <= amount < 1.0:
+        raise ValueError(f"prune amount must be in [0, 1), got {amount}")
+    layers = _chain(model)
+    convs = [(i, m) for i, m in enumerate(layers) if isinstance(m, nn.Conv2d)]
+    # Rank every convolution's filters on the original weights first (one-shot pruning), then cut.
+    keeps = {}
+    for i, conv in convs:
+        n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
+        keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm), n_keep).indices).values
+    before, after = [], []
+    for i, conv in convs:
+        keep, out = keeps[i], conv.out_channels
+        consumer = next((m for m in layers[i + 1 :] if isinstance(m, nn.Conv2d | nn.Linear)), None)
+        if consumer is None:
+            raise ValueError("a convolution with no following layer cannot be pruned")
+        bn = layers[i + 1] if isinstance(layers[i + 1], nn.BatchNorm2d) else None
+        _keep_outputs(conv, keep)
+        if bn is not None:
+            _keep_bn(bn, keep)  # type: ignore[arg-type]
+        _keep_inputs(consumer, keep, out)
+        before.append(out)
+        after.append(len(keep))
+    return PruneReport(before, after)

@@ -1,0 +1,62 @@
+"""Run any shipped model variant: `open_runtime(models_dir, variant, backend)` -> Runtime.predict.
+
+The optimize stage evaluates its variants through this module, the benchmark stage times them with it
+and the server serves with it, so all three run the same code. The ONNX Runtime backend needs only numpy
+and onnxruntime; the torch backends import torch when they are opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import StageError
+from pipeline.runtimes.base import BACKENDS, ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Runtime
+from pipeline.runtimes.manifest import ModelManifest, Variant, read_manifest
+
+__all__ = [
+    "BACKENDS",
+    "ONNXRUNTIME",
+    "TORCH_COMPILE",
+    "TORCH_EAGER",
+    "ModelManifest",
+    "Runtime",
+    "Variant",
+    "open_file",
+    "open_runtime",
+    "read_manifest",
+]
+
+
+def open_file(
+    path: Path, variant: Variant, image_size: int, backend: str = "auto", threads: int | None = None
+) -> Runtime:
+    """A runtime for one variant file (the optimize stage uses it before the manifest exists)."""
+    if backend == "auto":
+        backend = variant.runtimes[0]
+    if backend not in BACKENDS:
+        raise StageError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    if backend not in variant.runtimes:
+        raise StageError(
+            f"variant {variant.name!r} ({variant.format}) cannot run on {backend}; "
+            f"it runs on {', '.join(variant.runtimes)}"
+        )
+    if not Path(path).exists():
+        raise StageError(f"{path} not found (variant {variant.name!r})")
+    try:
+        if backend == ONNXRUNTIME:
+            from pipeline.runtimes.onnx import OnnxRuntime
+
+            return OnnxRuntime(Path(path), variant.name, image_size, threads)
+        from pipeline.runtimes.torch_backend import TorchRuntime
+
+        return TorchRuntime(Path(path), variant.format, variant.name, image_size, backend, threads)
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+
+
+def open_runtime(models_dir: Path, variant: str, backend: str = "auto", threads: int | None = None) -> Runtime:
+    """Open shipped variant `variant` of `models_dir` on `backend` (`auto`: the variant's first runtime).
+    Unknown or rejected variants and backends that cannot run the variant raise a StageError."""
+    manifest = read_manifest(models_dir)
+    info = manifest.variant(variant)
+    return open_file(Path(models_dir) / info.file, info, manifest.image_size, backend, threads)

@@ -1,0 +1,36 @@
+"""ONNX Runtime backend. Imports only numpy and onnxruntime: the server image has no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.runtimes.base import ONNXRUNTIME, check_batch
+
+
+class OnnxRuntime:
+    name = ONNXRUNTIME
+
+    def __init__(self, path: Path, variant: str, image_size: int, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        self.variant = variant
+        self.image_size = image_size
+        self.path = path
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types for bad files
+            raise ValueError(f"{path}: onnxruntime cannot load it ({type(exc).__name__}: {exc})") from None
+        self.input_name = self.session.get_inputs()[0].name
+        self.output_name = self.session.get_outputs()[0].name
+
+    def predict(self, images: np.ndarray) -> np.ndarray:
+        batch = check_batch(images, self.image_size)
+        (logits,) = self.session.run([self.output_name], {self.input_name: batch})
+        return np.asarray(logits, dtype=np.float32)

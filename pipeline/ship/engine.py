@@ -1,0 +1,199 @@
+"""The Docker engine, through its CLI: is one reachable, build, inspect, run, stop, push, pull."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StageError
+
+ENGINE_HINT = (
+    "start one (`docker/engine-up.sh` installs and starts Debian's engine as root), point DOCKER_HOST at "
+    "one, or skip this stage without an engine with `{param}: true` in params.yaml"
+)
+
+
+class NoEngine(StageError):
+    """No Docker engine answers: the message says why and what to do."""
+
+
+class DockerError(StageError):
+    """A docker command failed: the message carries the command and the end of its output."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    cli: str
+    server_version: str
+    os_arch: str  # e.g. linux/amd64
+
+    @property
+    def native_platform(self) -> str:
+        return self.os_arch
+
+
+def _arch_name(machine: str) -> str:
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine.lower(), machine)
+
+
+def find_engine(param: str = "skip_without_engine", timeout_s: float = 15.0) -> Engine:
+    """The engine the docker CLI reaches, or NoEngine with one clear sentence."""
+    cli = shutil.which("docker")
+    if cli is None:
+        raise NoEngine(f"no Docker engine: the `docker` command is not installed; {ENGINE_HINT.format(param=param)}")
+    try:
+        proc = subprocess.run(
+            [cli, "version", "--format", "{{json .Server}}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise NoEngine(
+            f"no Docker engine: `docker version` did not answer in {timeout_s:.0f} s; {ENGINE_HINT.format(param=param)}"
+        ) from None
+    server: dict[str, Any] | None = None
+    if proc.returncode == 0 and proc.stdout.strip() not in ("", "null"):
+        try:
+            server = json.loads(proc.stdout)
+        except ValueError:
+            server = None
+    if not server:
+        reason = (proc.stderr.strip().splitlines() or ["the engine did not answer"])[-1]
+        raise NoEngine(f"no Docker engine reachable ({reason}); {ENGINE_HINT.format(param=param)}")
+    arch = _arch_name(str(server.get("Arch") or platform.machine()))
+    return Engine(
+        cli=cli, server_version=str(server.get("Version", "?")), os_arch=f"{server.get('Os', 'linux')}/{arch}"
+    )
+
+
+def docker(
+    engine: Engine,
+    args: Sequence[str],
+    *,
+    timeout_s: float = 600.0,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `docker ARGS`; on failure raise DockerError with the command and the last lines of its output."""
+    full_env = {**os.environ, **(env or {})}
+    try:
+        proc = subprocess.run(
+            [engine.cli, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=full_env,
+            check=False,
+            input=input_text,
+        )
+    except subprocess.TimeoutExpired:
+        raise DockerError(f"`docker {' '.join(args[:3])} ...` did not finish within {timeout_s:.0f} s") from None
+    if check and proc.returncode != 0:
+        tail = "\n".join((proc.stdout + "\n" + proc.stderr).strip().splitlines()[-15:])
+        raise DockerError(f"`docker {' '.join(args[:4])} ...` failed (exit {proc.returncode}):\n{tail}")
+    return proc
+
+
+def image_exists(engine: Engine, ref: str) -> bool:
+    return docker(engine, ["image", "inspect", ref], check=False, timeout_s=60).returncode == 0
+
+
+def inspect_image(engine: Engine, ref: str) -> dict[str, Any]:
+    out = docker(engine, ["image", "inspect", ref], timeout_s=60).stdout
+    data = json.loads(out)
+    return dict(data[0])
+
+
+def build(
+    engine: Engine,
+    context: Path,
+    dockerfile: Path,
+    tags: Sequence[str],
+    build_args: dict[str, str],
+    *,
+    platform_name: str | None = None,
+    buildkit: bool = False,
+    log_path: Path | None = None,
+    timeout_s: float = 3600.0,
+) -> float:
+    """`docker build`; returns the wall time in seconds. The full build log goes to `log_path`."""
+    args = ["build", "-f", str(dockerfile)]
+    for tag in tags:
+        args += ["-t", tag]
+    for key, value in build_args.items():
+        args += ["--build-arg", f"{key}={value}"]
+    if platform_name:
+        args += ["--platform", platform_name]
+    args.append(str(context))
+    cli = engine.cli
+    env = {"DOCKER_BUILDKIT": "1" if buildkit else "0"}
+    if buildkit and Path("/usr/bin/docker").exists():
+        # The preinstalled newer CLI wants buildx for BuildKit; Debian's own CLI drives the engine's BuildKit.
+        cli = "/usr/bin/docker"
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [cli, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, **env},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise DockerError(f"docker build did not finish within {timeout_s:.0f} s") from None
+    seconds = time.perf_counter() - started
+    output = proc.stdout + proc.stderr
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(output)
+    if proc.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-20:])
+        where = f" (full log: {log_path})" if log_path else ""
+        raise DockerError(f"docker build failed (exit {proc.returncode}){where}:\n{tail}")
+    return seconds
+
+
+def image_platform(info: dict[str, Any]) -> str:
+    arch = str(info.get("Architecture", "?"))
+    return f"{info.get('Os', 'linux')}/{arch}"
+
+
+def wait_ready(url: str, timeout_s: float, container: str | None = None, engine: Engine | None = None) -> float:
+    """Poll `url` until it answers 200; returns the seconds it took. Fails early when the container exits."""
+    import urllib.error
+    import urllib.request
+
+    started = time.perf_counter()
+    deadline = started + timeout_s
+    last = "no answer"
+    while time.perf_counter() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.perf_counter() - started
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            last = str(exc)
+        if container and engine:
+            state = docker(engine, ["inspect", "-f", "{{.State.Status}}", container], check=False, timeout_s=30)
+            if state.returncode != 0 or state.stdout.strip() in ("exited", "dead"):
+                logs = docker(engine, ["logs", "--tail", "20", container], check=False, timeout_s=30)
+                raise StageError(
+                    f"container {container} stopped before it was ready:\n{(logs.stdout + logs.stderr).strip()}"
+                )
+        time.sleep(0.2)
+    raise StageError(f"{url} was not ready within {timeout_s:.0f} s (last: {last})")

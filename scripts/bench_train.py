@@ -1,0 +1,195 @@
+"""Training throughput, measured side by side in one run (images/s; compare the ratios, not absolutes).
+
+    uv run python scripts/bench_train.py                      # data/prepared if present, else synthetic
+    uv run python scripts/bench_train.py --model trafficsignnet --steps 40 --out reports/bench_train.json
+
+Measures, with the train stage's own pieces (loader, model, optimizer, DDP/FSDP wrapping):
+  loader            the batch loader alone (gather + uint8->float + per-image augmentation)
+  step              the training step alone on one prepared batch (forward, backward, optimizer)
+  train eager       loader + step, 1 process with all cores: what `pipeline train` does by default
+  train compile     the same through torch.compile (compile time reported separately, not in the rate)
+  train bf16        the same under bf16 autocast
+  train 2 procs     loader + step, DDP (and FSDP) over 2 processes with gloo, the cores split between them
+Each single-process case runs `--rounds` times, interleaved, and keeps its best rate (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.config import parse_params
+from pipeline.data.loader import Manifest, Split, TrainLoader, load_manifest, load_split
+from pipeline.train import Dist, augment_config, build_model, make_optimizer, wrap_model
+
+
+def synthetic(n: int = 4096, size: int = 32) -> tuple[Split, Manifest]:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, size, size, 3), dtype=torch.uint8, generator=g).permute(0, 3, 1, 2)
+    split = Split(images=images, labels=torch.randint(0, 43, (n,), generator=g))
+    return split, Manifest(size, [0.5] * 3, [0.25] * 3, [str(i) for i in range(43)])
+
+
+def get_data(path: Path) -> tuple[Split, Manifest, str]:
+    if (path / "train.npz").exists():
+        return load_split(path, "train"), load_manifest(path), str(path)
+    split, manifest = synthetic()
+    return split, manifest, "synthetic (4096 random 32x32 images)"
+
+
+def params_for(args: argparse.Namespace, **train: Any) -> Any:
+    return parse_params(
+        {
+            "model": {"name": args.model, "width": args.width},
+            "train": {"batch_size": args.batch, **train},
+            "tracking": {"enabled": False},
+        }
+    )
+
+
+def time_loop(args: argparse.Namespace, split: Split, manifest: Manifest, mode: str, d: Dist) -> dict[str, float]:
+    """Rate of `mode` (loader | step | train) for args.steps steps after args.warmup, on this rank."""
+    params = params_for(args, compile=mode == "compile", strategy=args.strategy_now)
+    torch.manual_seed(0)
+    model = wrap_model(build_model(params, manifest), params, d)
+    optim = make_optimizer(model, params)
+    fn = torch.compile(model) if mode == "compile" else model
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else nullcontext()
+    loader = TrainLoader(split, args.batch, 0, d.rank, d.world, augment_config(params))
+    batches = iter(loader)
+
+    def next_batch() -> Any:
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    fixed = next_batch()
+    compile_s = 0.0
+    total = args.warmup + args.steps
+    start = time.perf_counter()
+    for i in range(total):
+        if i == args.warmup:
+            if d.world > 1:
+                torch.distributed.barrier()
+            compile_s = time.perf_counter() - start
+            start = time.perf_counter()
+        batch = fixed if mode == "step" else next_batch()
+        if mode == "loader":
+            continue
+        with amp:
+            logits = fn(batch.images)
+        loss = F.cross_entropy(logits.float(), batch.labels, reduction="sum") * (d.world / batch.global_size)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+    if d.world > 1:
+        torch.distributed.barrier()
+    elapsed = time.perf_counter() - start
+    return {"images_per_s": args.steps * args.batch / elapsed, "warmup_s": compile_s}
+
+
+def _rank_main(rank: int, world: int, args: argparse.Namespace, port: int, out: str) -> None:
+    torch.set_num_threads(max(1, args.threads // world))
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        split, manifest, _ = get_data(args.data)
+        result = time_loop(args, split, manifest, "train", Dist(rank, world, torch.device("cpu")))
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def multi_process(args: argparse.Namespace, world: int, strategy: str) -> dict[str, float]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        args.strategy_now = strategy
+        mp.start_processes(_rank_main, args=(world, args, port, out), nprocs=world, start_method="spawn")
+        args.strategy_now = "ddp"
+        result: dict[str, float] = json.loads(Path(out).read_text())
+        return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("data/prepared"))
+    ap.add_argument("--model", default="signnet", choices=["signnet", "trafficsignnet"])
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--skip", nargs="*", default=[], help="cases to leave out: compile bf16 ddp fsdp")
+    ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    args = ap.parse_args()
+    args.strategy_now = "ddp"
+
+    torch.set_num_threads(args.threads)
+    split, manifest, source = get_data(args.data)
+    d = Dist(0, 1, torch.device("cpu"))
+    modes = ["loader", "step", "train"] + [m for m in ("compile", "bf16") if m not in args.skip]
+    results: dict[str, dict[str, float]] = {}
+    for _ in range(args.rounds):
+        for mode in modes:
+            r = time_loop(args, split, manifest, mode, d)
+            best = results.get(mode)
+            if best is None or r["images_per_s"] > best["images_per_s"]:
+                results[mode] = r
+    for strategy in ("ddp", "fsdp"):
+        if strategy not in args.skip:
+            results[f"2proc_{strategy}"] = multi_process(args, 2, strategy)
+
+    rate = {k: v["images_per_s"] for k, v in results.items()}
+    ratios = {
+        "loader_vs_train (loader alone / full step)": rate["loader"] / rate["train"],
+        "loader_share_of_step_time": rate["train"] / rate["loader"],
+        "step_vs_train (step alone / loader+step)": rate["step"] / rate["train"],
+    }
+    if "compile" in rate:
+        ratios["compile_vs_eager"] = rate["compile"] / rate["train"]
+    if "bf16" in rate:
+        ratios["bf16_vs_fp32"] = rate["bf16"] / rate["train"]
+    for strategy in ("ddp", "fsdp"):
+        if f"2proc_{strategy}" in rate:
+            ratios[f"2proc_{strategy}_vs_1proc"] = rate[f"2proc_{strategy}"] / rate["train"]
+    report = {
+        "data": source,
+        "model": args.model,
+        "width": args.width,
+        "batch_size": args.batch,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "images_per_s": {k: round(v, 1) for k, v in rate.items()},
+        "compile_warmup_s": round(results["compile"]["warmup_s"], 1) if "compile" in results else None,
+        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

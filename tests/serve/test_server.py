@@ -1,0 +1,245 @@
+"""The real server process over HTTP on loopback: both APIs, tritonclient, bad input, batching, drain."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import signal
+import struct
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.serve.conftest import Server, start_server
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_health_and_metadata(server: Server) -> None:
+    assert httpx.get(f"{server.url}/v2/health/live").json() == {"live": True}
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    meta = httpx.get(f"{server.url}/v2/models/gtsrb").json()
+    size = server.image_size
+    assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, size, size]}]
+    assert {o["name"] for o in meta["outputs"]} == {"probabilities", "class_id"}
+    assert len(meta["parameters"]["classes"]) == 43
+    assert httpx.get(f"{server.url}/v2/models/gtsrb/ready").status_code == 200
+    assert httpx.get(f"{server.url}/openapi.json").json()["paths"]["/v1/predict"]
+
+
+def test_oip_json_tensor_matches_the_runtime(server: Server) -> None:
+    images = server.test_images[:4]
+    batch = (images.transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
+    body = {
+        "id": "req-1",
+        "inputs": [
+            {"name": "images", "shape": list(batch.shape), "datatype": "FP32", "data": batch.reshape(-1).tolist()}
+        ],
+    }
+    reply = httpx.post(f"{server.url}/v2/models/gtsrb/infer", json=body)
+    assert reply.status_code == 200, reply.text
+    result = reply.json()
+    assert result["id"] == "req-1" and result["model_name"] == "gtsrb"
+    outputs = {o["name"]: o for o in result["outputs"]}
+    probabilities = np.array(outputs["probabilities"]["data"], dtype=np.float32).reshape(4, 43)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(probabilities, server.direct_probabilities(batch), atol=1e-5)
+    assert outputs["class_id"]["data"] == probabilities.argmax(axis=1).tolist()
+
+
+def test_tritonclient_fp32_and_bytes_inputs(server: Server) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("gtsrb")
+    assert client.get_model_metadata("gtsrb")["name"] == "gtsrb"
+
+    batch = (server.test_images[:8].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
+    tensor = triton.InferInput("images", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)  # binary tensor extension
+    result = client.infer("gtsrb", [tensor])
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (8, 43)
+    np.testing.assert_allclose(probabilities, server.direct_probabilities(batch), atol=1e-5)
+    np.testing.assert_array_equal(result.as_numpy("class_id"), probabilities.argmax(axis=1))
+
+    files = np.array([png(image) for image in server.test_images[:3]], dtype=np.object_)
+    encoded = triton.InferInput("image_files", [3], "BYTES")
+    encoded.set_data_from_numpy(files)
+    requested = triton.InferRequestedOutput("class_id", binary_data=False)
+    result = client.infer("gtsrb", [encoded], outputs=[requested])
+    assert result.as_numpy("class_id").tolist() == server.direct_probabilities(batch[:3]).argmax(axis=1).tolist()
+
+
+def test_v1_predict_multipart_and_json(server: Server) -> None:
+    images = server.test_images[:2]
+    files = [("files", (f"{i}.png", png(image), "image/png")) for i, image in enumerate(images)]
+    reply = httpx.post(f"{server.url}/v1/predict", files=files)
+    assert reply.status_code == 200, reply.text
+    predictions = reply.json()["predictions"]
+    assert len(predictions) == 2 and len(predictions[0]["top_k"]) == 5
+    batch = (images.transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
+    expected = server.direct_probabilities(batch).argmax(axis=1)
+    assert [p["top_k"][0]["class_id"] for p in predictions] == expected.tolist()
+    top = predictions[0]["top_k"][0]
+    assert top["name"] == server.classes[top["class_id"]]
+    assert all(
+        a["probability"] >= b["probability"]
+        for a, b in zip(predictions[0]["top_k"], predictions[0]["top_k"][1:], strict=False)
+    )
+
+    # JSON with base64 and an optional box: the box crops like training does.
+    whole = np.zeros((60, 60, 3), dtype=np.uint8)
+    whole[10:50, 10:50] = np.asarray(Image.fromarray(images[0]).resize((40, 40)))
+    body = {"images": [{"data": base64.b64encode(png(whole)).decode(), "box": [10, 10, 49, 49]}], "top_k": 3}
+    reply = httpx.post(f"{server.url}/v1/predict", json=body)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["predictions"][0]["top_k"]) == 3
+
+
+def _huge_png_header() -> bytes:
+    ihdr = struct.pack(">IIBBBBB", 30_000, 30_000, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return head + struct.pack(">I", 0) + b"IDAT" + struct.pack(">I", zlib.crc32(b"IDAT"))
+
+
+def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> None:
+    url = server.url
+    good = png(server.test_images[0])
+    size = server.image_size
+    cases: list[tuple[str, httpx.Response, int, str]] = [
+        ("no content type", httpx.post(f"{url}/v1/predict", content=b"abc"), 415, "unsupported content type"),
+        ("text body", httpx.post(f"{url}/v1/predict", content=b"abc", headers={"content-type": "text/plain"}), 415, "text/plain"),
+        ("garbage image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"not an image")}), 400, "image 0: cannot decode"),
+        ("truncated image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", good[: len(good) // 2])}), 400, "image 0"),
+        ("huge dimensions", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", _huge_png_header())}), 400, "larger than"),
+        ("oversized body", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"0" * (server.max_body + 1))}), 413, "larger than"),
+        ("no files", httpx.post(f"{url}/v1/predict", files={"note": (None, "hello")}), 400, "no image files"),
+        ("form-urlencoded", httpx.post(f"{url}/v1/predict", data={"a": "b"}), 415, "x-www-form-urlencoded"),
+        ("bad json", httpx.post(f"{url}/v1/predict", content=b"{", headers={"content-type": "application/json"}), 400, "invalid request"),
+        ("bad base64", httpx.post(f"{url}/v1/predict", json={"images": ["%%%"]}), 400, "not valid base64"),
+        ("bad box", httpx.post(f"{url}/v1/predict", json={"images": [{"data": base64.b64encode(good).decode(), "box": [9, 9, 1, 1]}]}), 400, "invalid ROI"),
+        ("unknown model", httpx.post(f"{url}/v2/models/nope/infer", json={"inputs": []}), 404, "unknown model"),
+        ("no inputs", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": []}), 400, "inputs"),
+        ("wrong shape", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}), 400, f"[N, 3, {size}, {size}]"),
+        ("wrong count", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": [0.0]}]}), 400, "needs"),
+        ("wrong dtype", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1]}]}), 400, "datatype must be"),
+        ("strings as numbers", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": ["a"] * (3 * size * size)}]}), 400, "numbers"),
+        ("bad binary header", httpx.post(f"{url}/v2/models/gtsrb/infer", content=b"{}", headers={"Inference-Header-Content-Length": "999"}), 400, "does not fit"),
+        ("unknown output", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(good).decode()]}], "outputs": [{"name": "nope"}]}), 400, "unknown output"),
+        ("metadata of unknown model", httpx.get(f"{url}/v2/models/nope"), 404, "unknown model"),
+    ]  # fmt: skip
+    for name, reply, status, fragment in cases:
+        assert reply.status_code == status, f"{name}: {reply.status_code} {reply.text}"
+        assert fragment in reply.json()["error"], f"{name}: {reply.text}"
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    assert httpx.post(f"{url}/v1/predict", files={"files": ("ok.png", good)}).status_code == 200
+
+
+def test_chunked_oversized_body_is_refused(server: Server) -> None:
+    def chunks():  # no Content-Length: the limit applies while streaming
+        for _ in range(10):
+            yield b"x" * (server.max_body // 4)
+
+    reply = httpx.post(f"{server.url}/v1/predict", content=chunks(), headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
+
+
+def test_concurrent_requests_are_batched(server: Server) -> None:
+    before = httpx.get(f"{server.url}/metrics").text
+    data = png(server.test_images[0])
+
+    def one(_: int) -> int:
+        return httpx.post(f"{server.url}/v1/predict", files={"files": ("a.png", data)}, timeout=30).status_code
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        statuses = list(pool.map(one, range(128)))
+    assert statuses == [200] * 128
+    after = httpx.get(f"{server.url}/metrics").text
+    images = _metric(after, "inference_batch_size_sum") - _metric(before, "inference_batch_size_sum")
+    batches = _metric(after, "inference_batch_size_count") - _metric(before, "inference_batch_size_count")
+    assert images == 128
+    assert batches < 128, "no two requests were ever coalesced"
+    assert 'inference_requests_total{route="/v1/predict",status="200"}' in after
+    assert "inference_request_latency_seconds_bucket" in after and "inference_queue_images" in after
+
+
+def test_full_queue_answers_503_with_retry_after(models_dir: Path, tmp_path: Path) -> None:
+    server = start_server(models_dir, tmp_path, {"max_queue_images": 1, "max_batch_size": 1})
+    try:
+        data = png(server.test_images[0])
+
+        def one(_: int) -> httpx.Response:
+            return httpx.post(f"{server.url}/v1/predict", files={"files": ("a.png", data)}, timeout=30)
+
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            replies = list(pool.map(one, range(96)))
+        statuses = {r.status_code for r in replies}
+        assert statuses <= {200, 503} and 503 in statuses and 200 in statuses
+        busy = next(r for r in replies if r.status_code == 503)
+        assert busy.headers["retry-after"] == "1" and "queue is full" in busy.json()["error"]
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_promptly(models_dir: Path, tmp_path: Path) -> None:
+    server = start_server(models_dir, tmp_path, {"max_images_per_request": 256, "max_body_bytes": 8 * 2**20})
+    images = np.resize(server.test_images, (256, *server.test_images.shape[1:]))
+    files = [("files", (f"{i}.png", png(image), "image/png")) for i, image in enumerate(images)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        futures = [pool.submit(httpx.post, f"{server.url}/v1/predict", files=files, timeout=30) for _ in range(32)]
+        deadline = time.monotonic() + 20
+        while _metric(httpx.get(f"{server.url}/metrics").text, "inference_in_flight_requests") < 2:
+            assert time.monotonic() < deadline, "requests never got in flight"
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=15)
+        elapsed = time.monotonic() - started
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result().status_code)
+            except httpx.HTTPError:
+                outcomes.append("refused")  # arrived after the listener closed: never half-answered
+    # uvicorn re-raises the signal after its graceful shutdown, so the status says SIGTERM.
+    assert code in (0, -signal.SIGTERM) and elapsed < 10
+    assert b"Finished server process" in (server.process.stderr.read() if server.process.stderr else b"")
+    assert all(o in (200, 503, "refused") for o in outcomes) and 200 in outcomes
+
+
+@pytest.mark.slow
+def test_openapi_fuzzing_finds_no_server_error(server: Server, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    report = tmp_path / "junit.xml"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json",
+            "--checks", "not_a_server_error", "--max-examples", "25", "--report", "junit",
+            "--report-junit-path", str(report), "--no-color",
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert json.dumps("not_a_server_error") and report.is_file()
