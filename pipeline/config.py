@@ -112,7 +112,7 @@ class TrainConfig(Section):
 class EvaluateConfig(Section):
     """The evaluate stage: metrics on the test split and the quality gate."""
 
-    min_accuracy: float = Field(0.97, ge=0.0, le=1.0)
+    min_accuracy: float = Field(0.95, ge=0.0, le=1.0)
     """Fail the stage when test accuracy is below this (0 disables the gate)."""
     worst_classes: int = Field(5, ge=0, le=43)
     """How many of the least accurate classes to report."""
