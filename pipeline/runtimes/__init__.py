@@ -28,7 +28,12 @@ __all__ = [
 
 
 def open_file(
-    path: Path, variant: Variant, image_size: int, backend: str = "auto", threads: int | None = None
+    path: Path,
+    variant: Variant,
+    image_size: int,
+    backend: str = "auto",
+    threads: int | None = None,
+    spin: bool = True,
 ) -> Runtime:
     """A runtime for one variant file (the optimize stage uses it before the manifest exists)."""
     if backend == "auto":
@@ -46,7 +51,7 @@ def open_file(
         if backend == ONNXRUNTIME:
             from pipeline.runtimes.onnx import OnnxRuntime
 
-            return OnnxRuntime(Path(path), variant.name, image_size, threads)
+            return OnnxRuntime(Path(path), variant.name, image_size, threads, spin)
         from pipeline.runtimes.torch_backend import TorchRuntime
 
         return TorchRuntime(Path(path), variant.format, variant.name, image_size, backend, threads)
@@ -54,9 +59,11 @@ def open_file(
         raise StageError(str(exc)) from None
 
 
-def open_runtime(models_dir: Path, variant: str, backend: str = "auto", threads: int | None = None) -> Runtime:
+def open_runtime(
+    models_dir: Path, variant: str, backend: str = "auto", threads: int | None = None, spin: bool = True
+) -> Runtime:
     """Open shipped variant `variant` of `models_dir` on `backend` (`auto`: the variant's first runtime).
     Unknown or rejected variants and backends that cannot run the variant raise a StageError."""
     manifest = read_manifest(models_dir)
     info = manifest.variant(variant)
-    return open_file(Path(models_dir) / info.file, info, manifest.image_size, backend, threads)
+    return open_file(Path(models_dir) / info.file, info, manifest.image_size, backend, threads, spin)

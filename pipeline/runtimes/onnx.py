@@ -12,11 +12,17 @@ from pipeline.runtimes.base import ONNXRUNTIME, check_batch
 class OnnxRuntime:
     name = ONNXRUNTIME
 
-    def __init__(self, path: Path, variant: str, image_size: int, threads: int | None = None) -> None:
+    def __init__(
+        self, path: Path, variant: str, image_size: int, threads: int | None = None, spin: bool = True
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not spin:
+            # Idle worker threads busy-wait by default: best for a benchmark loop, but in a server they
+            # steal the cores that parse requests and decode images.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1

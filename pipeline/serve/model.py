@@ -58,7 +58,8 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
     manifest = read_manifest(models_dir)
     variant_name, backend = choose_variant(models_dir, config)
     variant = manifest.variant(variant_name)  # a StageError naming the shipped variants if unknown
-    runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None)
+    # No spin-waiting: the server's own threads need the cores between batches.
+    runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None, spin=False)
     return ServedModel(
         classes=list(manifest.classes),
         image_size=manifest.image_size,
