@@ -155,9 +155,7 @@ def write_outputs(arrays: dict[str, SplitArrays], manifest: dict[str, object], o
         raise
 
 
-def write_reports(
-    manifest: dict[str, object], bad: list[tuple[str, str]], report_dir: Path
-) -> dict[str, float]:
+def write_reports(manifest: dict[str, object], bad: list[tuple[str, str]], report_dir: Path) -> dict[str, float]:
     report_dir.mkdir(parents=True, exist_ok=True)
     splits = manifest["splits"]
     assert isinstance(splits, dict)

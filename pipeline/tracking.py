@@ -23,9 +23,7 @@ def tracking_uri(config: TrackingConfig) -> str:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10)
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
