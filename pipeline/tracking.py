@@ -18,7 +18,13 @@ from pipeline.config import TrackingConfig
 
 
 def tracking_uri(config: TrackingConfig) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or config.uri
+    """The tracking URI, with a relative sqlite path made absolute: MLflow caches stores by URI string,
+    so `sqlite:///mlflow.db` would otherwise keep pointing at the first working directory it was used in."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.uri
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        uri = prefix + str(Path.cwd() / uri[len(prefix) :])
+    return uri
 
 
 def git_commit() -> str:

@@ -97,7 +97,7 @@ def test_prepare_logs_to_mlflow(synthetic_gtsrb: Path, workdir: Path) -> None:
     import mlflow
 
     prepare.run(make_params(synthetic_gtsrb, tracking=True))
-    mlflow.set_tracking_uri("sqlite:///mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["gtsrb"], output_format="list")
     assert len(runs) == 1
     run = runs[0]

@@ -72,7 +72,7 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
 
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri="sqlite:///mlflow.db")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     assert run.data.params["train.epochs"] == "2"
     assert run.data.tags["device"] == "cpu" and run.data.tags["torch"] == torch.__version__
