@@ -33,18 +33,27 @@ class ServedModel:
         return shifted / shifted.sum(axis=1, keepdims=True)
 
 
+def serving_choice(models_dir: Path) -> tuple[str, str | None] | None:
+    """The benchmark stage's (variant, backend) from models/serving.json; None when it has not run."""
+    choice_file = models_dir / SERVING_CHOICE
+    if not choice_file.is_file():
+        return None
+    try:
+        choice = json.loads(choice_file.read_text())
+        backend = choice.get("backend")
+        return str(choice["variant"]), None if backend is None else str(backend)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise StageError(f"{choice_file} is not a valid serving choice (expected variant and backend)") from None
+
+
 def choose_variant(models_dir: Path, config: ServeConfig) -> tuple[str, str]:
     """serve.variant/backend, or for `auto` the benchmark stage's choice, else the fp32 ONNX model."""
     if config.variant != "auto":
         return config.variant, config.backend
-    choice_file = models_dir / SERVING_CHOICE
-    if choice_file.is_file():
-        try:
-            choice = json.loads(choice_file.read_text())
-            return str(choice["variant"]), str(choice.get("backend", config.backend))
-        except (ValueError, KeyError, TypeError):
-            raise StageError(f"{choice_file} is not a valid serving choice (expected variant and backend)") from None
-    return DEFAULT_VARIANT, config.backend
+    choice = serving_choice(models_dir)
+    if choice is None:
+        return DEFAULT_VARIANT, config.backend
+    return choice[0], choice[1] or config.backend
 
 
 def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:

@@ -6,7 +6,6 @@ exactly these files whatever else lies in the checkout (no .dockerignore to keep
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -171,15 +170,13 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     accepted = {v.name: v for v in manifest.variants if v.accepted}
     variant = wanted
     if wanted == "auto":
-        variant = "fp32-onnx"
-        choice_file = models_dir / "serving.json"
-        if choice_file.is_file():
-            try:
-                chosen = str(json.loads(choice_file.read_text())["variant"])
-            except (ValueError, KeyError, TypeError):
-                chosen = ""
-            if chosen in ONNX_VARIANTS:
-                variant = chosen
+        from pipeline.serve.model import DEFAULT_VARIANT, serving_choice
+
+        try:
+            choice = serving_choice(models_dir)
+        except StageError:
+            choice = None  # an unreadable choice: ship the default rather than fail the build
+        variant = choice[0] if choice and choice[0] in ONNX_VARIANTS else DEFAULT_VARIANT
     if variant not in ONNX_VARIANTS:
         raise StageError(
             f"containerize.variant {variant!r}: the server image runs ONNX Runtime only; use one of "
