@@ -62,6 +62,9 @@ class ModelConfig(Section):
     """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     """signnet: dropout before the classifier."""
+    input_norm: Literal["dataset", "image"] = "image"
+    """signnet: `image` standardises each image by its own mean/std (contrast normalisation, robust to
+    dark photos); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
 
 
 class TrainConfig(Section):
@@ -199,6 +202,9 @@ class OptimizeConfig(Section):
     finetune_batch_size: int = Field(128, ge=1, le=65536)
     calibration_images: int = Field(512, ge=1, le=100000)
     """Training images used to calibrate int8 activation ranges (a seeded random subset)."""
+    finetune_distill: float = Field(0.5, ge=0.0, le=1.0)
+    """Weight of distillation from the unpruned model during the fine-tune (KL to its softened outputs,
+    temperature 2); the rest is the usual label loss. 0 = labels only."""
     parity_max_abs_diff: float = Field(1e-3, gt=0.0)
     """An exported ONNX model may differ from torch by at most this in any logit on the test images."""
     parity_min_top1_agreement: float = Field(0.999, ge=0.0, le=1.0)

@@ -35,15 +35,7 @@ def load_model(path: Path = MODEL_PATH) -> tuple[Any, dict[str, Any]]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         arch = dict(payload["arch"])
-        model = nets.build(
-            str(arch["name"]),
-            payload["mean"],
-            payload["std"],
-            int(arch["image_size"]),
-            width=int(arch["width"]),
-            dropout=float(arch["dropout"]),
-            num_classes=int(arch["num_classes"]),
-        )
+        model = nets.build_from_arch(arch, payload["mean"], payload["std"])
         model.load_state_dict(payload["state_dict"])
     except StageError:
         raise

@@ -12,7 +12,8 @@ export, the server) feeds the same uint8 -> float[0,1] pixels and cannot drift f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,18 +22,33 @@ NUM_CLASSES = 43
 ARCHITECTURES = ("trafficsignnet", "signnet")
 
 
+INPUT_NORMS = ("dataset", "image")
+
+
 class Normalize(nn.Module):
-    """(x - mean) / std per channel; mean and std are buffers, so they travel with the state_dict."""
+    """`dataset`: (x - mean) / std per channel with the training split's statistics (buffers, so they
+    travel with the state_dict). `image`: each image standardised by its own mean and std over all pixels
+    and channels (a global contrast normalisation: GTSRB has many very dark or washed-out photos, and this
+    makes them look alike to the first layer, while keeping colour)."""
 
     mean: torch.Tensor
     std: torch.Tensor
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(self, mean: Sequence[float], std: Sequence[float], mode: str = "dataset") -> None:
         super().__init__()
+        if mode not in INPUT_NORMS:
+            raise ValueError(f"unknown input normalisation {mode!r}; choose one of {', '.join(INPUT_NORMS)}")
+        self.mode = mode
         self.register_buffer("mean", torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(list(std), dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "image":
+            mean = x.mean(dim=(1, 2, 3), keepdim=True)
+            centred = x - mean
+            # The floor keeps flat images (std ~ 0) from being blown up into noise.
+            std = torch.sqrt(centred.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-4)
+            return centred / std
         return (x - self.mean) / self.std
 
 
@@ -83,9 +99,10 @@ class SignNet(nn.Module):
         width: int = 32,
         dropout: float = 0.2,
         num_classes: int = NUM_CLASSES,
+        input_norm: str = "dataset",
     ) -> None:
         super().__init__()
-        self.normalize = Normalize(mean, std)
+        self.normalize = Normalize(mean, std, input_norm)
         w1, w2, w3 = width, 2 * width, 4 * width
         self.features = nn.Sequential(
             *_conv_bn_relu(3, w1),
@@ -117,17 +134,23 @@ def build(
     width: int = 32,
     dropout: float = 0.2,
     num_classes: int = NUM_CLASSES,
+    input_norm: str = "dataset",
 ) -> nn.Module:
     """The network called `name`, with the normalisation of the prepared data built in."""
     if name == "trafficsignnet":
         return TrafficSignNet(mean, std, image_size=image_size, num_classes=num_classes)
     if name == "signnet":
-        return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes)
+        return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes, input_norm=input_norm)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}")
 
 
 def arch_kwargs(
-    name: str, image_size: int, width: int = 32, dropout: float = 0.2, num_classes: int = NUM_CLASSES
+    name: str,
+    image_size: int,
+    width: int = 32,
+    dropout: float = 0.2,
+    num_classes: int = NUM_CLASSES,
+    input_norm: str = "dataset",
 ) -> dict[str, object]:
     """The keyword arguments (besides mean/std) that `build` needs, stored with the saved model."""
     return {
@@ -136,7 +159,22 @@ def arch_kwargs(
         "width": width,
         "dropout": dropout,
         "num_classes": num_classes,
+        "input_norm": input_norm,
     }
+
+
+def build_from_arch(arch: Mapping[str, Any], mean: Sequence[float], std: Sequence[float]) -> nn.Module:
+    """Rebuild a saved model's network from its stored `arch_kwargs` (older files lack newer keys)."""
+    return build(
+        str(arch["name"]),
+        mean,
+        std,
+        int(arch["image_size"]),
+        width=int(arch.get("width", 32)),
+        dropout=float(arch.get("dropout", 0.2)),
+        num_classes=int(arch.get("num_classes", NUM_CLASSES)),
+        input_norm=str(arch.get("input_norm", "dataset")),
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -146,6 +146,7 @@ def build_model(params: Params, manifest: Manifest) -> nn.Module:
         width=params.model.width,
         dropout=params.model.dropout,
         num_classes=len(manifest.classes),
+        input_norm=params.model.input_norm,
     )
 
 
@@ -384,6 +385,7 @@ def worker(
                 params.model.width,
                 params.model.dropout,
                 len(manifest.classes),
+                params.model.input_norm,
             ),
             "mean": manifest.mean,
             "std": manifest.std,

@@ -54,3 +54,31 @@ def test_state_dict_round_trips_with_weights_only() -> None:
 def test_unknown_model_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown model"):
         nets.build("resnet", MEAN, STD, 32)
+
+
+def test_image_normalisation_standardises_each_image_and_ignores_exposure() -> None:
+    model = nets.build("signnet", MEAN, STD, 32, input_norm="image").eval()
+    x = torch.rand(4, 3, 32, 32) * 0.5 + 0.1
+    z = model.normalize(x)
+    assert torch.allclose(z.mean(dim=(1, 2, 3)), torch.zeros(4), atol=1e-5)
+    assert torch.allclose(z.std(dim=(1, 2, 3), unbiased=False), torch.ones(4), atol=1e-2)
+    # A darker, lower-contrast copy of the same photo (x * 0.3 + 0.05) looks the same to the network.
+    torch.testing.assert_close(model(x * 0.3 + 0.05), model(x), atol=1e-3, rtol=1e-3)
+    # A flat image is not blown up into noise.
+    assert model.normalize(torch.full((1, 3, 8, 8), 0.7)).abs().max() < 1e-3
+
+
+def test_saved_arch_rebuilds_the_same_network_and_old_files_default_to_dataset_norm() -> None:
+    model = nets.build("signnet", MEAN, STD, 32, width=8, input_norm="image").eval()
+    arch = nets.arch_kwargs("signnet", 32, width=8, input_norm="image")
+    again = nets.build_from_arch(arch, MEAN, STD).eval()
+    again.load_state_dict(model.state_dict())
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(model(x), again(x))
+    old = {k: v for k, v in arch.items() if k != "input_norm"}  # saved before input_norm existed
+    assert nets.build_from_arch(old, MEAN, STD).normalize.mode == "dataset"  # type: ignore[union-attr]
+
+
+def test_unknown_input_normalisation_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown input normalisation"):
+        nets.build("signnet", MEAN, STD, 32, input_norm="clahe")

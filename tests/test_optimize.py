@@ -337,3 +337,32 @@ def test_pt2e_int8_round_trip(machine: str, tmp_path: Path) -> None:
     (tmp_path / "bad.pt2").write_bytes(b"nope")
     with pytest.raises(StageError, match=r"bad.pt2: not a loadable torch.export archive"):
         load_exported(tmp_path / "bad.pt2")
+
+
+def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) -> None:
+    """With optimize.finetune_distill = 1 the fine-tune learns the unpruned model's outputs only, so the
+    pruned student ends much closer to its teacher than before, and closer than labels-only fine-tuning."""
+    import copy
+
+    from pipeline.optimize.stage import finetune
+
+    write_prepared(workdir, size=16)
+    teacher, _ = load_model(write_model(workdir, size=16, steps=60))
+    with np.load(workdir / "data" / "prepared" / "test.npz") as arrays:
+        x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
+
+    def gap(student: nn.Module) -> float:
+        with torch.no_grad():
+            return float(
+                torch.nn.functional.kl_div(
+                    student.eval()(x).log_softmax(1), teacher(x).log_softmax(1), log_target=True, reduction="batchmean"
+                )
+            )
+
+    pruned = copy.deepcopy(teacher)
+    prune.prune_filters(pruned, 0.5, "l1")
+    before = gap(pruned)
+    distilled = finetune(copy.deepcopy(pruned), _params(finetune_epochs=3, finetune_distill=1.0), teacher=teacher)
+    labels_only = finetune(copy.deepcopy(pruned), _params(finetune_epochs=3, finetune_distill=0.0), teacher=teacher)
+    assert gap(distilled) < 0.5 * before
+    assert gap(distilled) < gap(labels_only)

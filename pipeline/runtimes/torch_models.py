@@ -78,15 +78,7 @@ def model_from_payload(payload: Mapping[str, Any], path: Path) -> nn.Module:
     """Rebuild the network a payload describes and load its weights (a StageError naming `path`)."""
     arch = dict(payload["arch"])
     try:
-        model = nets.build(
-            str(arch["name"]),
-            payload["mean"],
-            payload["std"],
-            int(arch["image_size"]),
-            width=int(arch.get("width", 32)),
-            dropout=float(arch.get("dropout", 0.2)),
-            num_classes=int(arch.get("num_classes", nets.NUM_CLASSES)),
-        )
+        model = nets.build_from_arch(arch, payload["mean"], payload["std"])
         state_dict = payload["state_dict"]
         fit_shapes(model, state_dict)
         model.load_state_dict(state_dict, strict=True)
