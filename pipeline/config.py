@@ -24,6 +24,7 @@ MODELS_DIR = Path("models")
 REPORTS_DIR = Path("reports")
 
 GTSRB_ROOT_ENV = "GTSRB_ROOT"
+MONITOR_URL_ENV = "PIPELINE_MONITOR_URL"
 
 
 class Section(BaseModel):
@@ -258,6 +259,30 @@ class DeployConfig(Section):
     """With no Docker engine reachable: record a skipped deploy instead of failing the stage."""
 
 
+class MonitorConfig(Section):
+    """`pipeline monitor`: probe a deployed server with labelled test images and check its health thresholds."""
+
+    url: str = ""
+    """Base URL of the server, e.g. https://signs.example.com; empty: give --url or $PIPELINE_MONITOR_URL."""
+    source: Literal["prepared", "gtsrb"] = "prepared"
+    """Labelled images: `prepared` = data/prepared/test.npz; `gtsrb` = the GTSRB test split under data.root
+    ($GTSRB_ROOT), cropped and resized as the prepare stage does."""
+    images: int = Field(200, ge=0)
+    """Images to send: the first N of the source; 0 = all of them."""
+    batch_size: int = Field(8, ge=1, le=256)
+    """Images per `POST /v1/predict` request (each sent as a PNG file)."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Requests in flight at once."""
+    timeout_s: float = Field(10.0, gt=0.0, le=600.0)
+    """Per request; a request that takes longer counts as an error."""
+    min_accuracy: float = Field(0.9, ge=0.0, le=1.0)
+    """Breach when top-1 accuracy over the answered images is below this."""
+    max_p99_latency_ms: float = Field(1000.0, gt=0.0)
+    """Breach when the 99th percentile of request latency (client side, one request = one batch) is above this."""
+    max_error_rate: float = Field(0.01, ge=0.0, le=1.0)
+    """Breach when more than this fraction of requests fail (non-200 answer, timeout, dropped connection)."""
+
+
 class Params(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -268,6 +293,7 @@ class Params(Section):
     serve: ServeConfig = ServeConfig()
     containerize: ContainerizeConfig = ContainerizeConfig()
     deploy: DeployConfig = DeployConfig()
+    monitor: MonitorConfig = MonitorConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 
