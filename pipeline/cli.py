@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, Params, load_params
+from pipeline.config import ConfigError, Params, load_params, set_params
 from pipeline.errors import StageError
 
 app = typer.Typer(
@@ -108,6 +108,20 @@ def containerize(params: Path = ParamsOption) -> None:
 def deploy(params: Path = ParamsOption) -> None:
     """Run the image, smoke-test it through the API on real test images."""
     _run_stage("deploy", params)
+
+
+@app.command("set-params")
+def set_params_command(
+    assignments: list[str] = typer.Argument(..., help="SECTION.KEY=VALUE (YAML value), e.g. train.epochs=2."),
+    params: Path = ParamsOption,
+) -> None:
+    """Change parameters in params.yaml in place (comments kept), validated first: for one-off runs such as CI's."""
+    try:
+        set_params(params, assignments)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"{params}: set {', '.join(a.split('=', 1)[0] for a in assignments)}")
 
 
 @app.command()

@@ -333,3 +333,51 @@ def load_params(path: Path = Path("params.yaml")) -> Params:
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{at}") from None
     return parse_params(raw, str(path))
+
+
+def set_params(path: Path, assignments: list[str]) -> Params:
+    """Apply `SECTION.KEY=VALUE` assignments (VALUE in YAML: 3, true, [0, 1], text) to a params file in place,
+    keeping its comments and layout; the result is validated before anything is written.
+
+    For one-off runs, e.g. a CI job's shorter training: `pipeline set-params train.epochs=2`."""
+    import json
+    import re
+
+    text = path.read_text() if path.is_file() else ""
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name or "." in name:
+            raise ConfigError(f"{assignment!r}: expected SECTION.KEY=VALUE, e.g. train.epochs=2")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"{assignment!r}: the value is not valid YAML") from None
+        rendered = json.dumps(parsed)  # JSON is YAML: quoted strings, [lists], true/false, numbers
+        lines = text.splitlines(keepends=True)
+        header = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(section)}:\s*(#.*)?$", line)), None)
+        if header is None:
+            text = text + ("" if not text or text.endswith("\n") else "\n") + f"\n{section}:\n  {name}: {rendered}\n"
+            continue
+        end = next(
+            (i for i in range(header + 1, len(lines)) if lines[i].strip() and not lines[i][0].isspace()
+             and not lines[i].startswith("#")),
+            len(lines),
+        )  # fmt: skip
+        pattern = re.compile(rf"^(\s+{re.escape(name)}:)([ \t]*)([^#\n]*?)([ \t]*#.*)?(\n?)$")
+        for i in range(header + 1, end):
+            match = pattern.match(lines[i])
+            if match:
+                comment = match.group(4) or ""
+                lines[i] = f"{match.group(1)} {rendered}{comment}{match.group(5)}"
+                break
+        else:
+            lines.insert(header + 1, f"  {name}: {rendered}\n")
+        text = "".join(lines)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"{path}: the assignments would make it invalid YAML") from None
+    params = parse_params(raw, str(path))
+    path.write_text(text)
+    return params
