@@ -9,13 +9,20 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 STAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: help env pipeline test test-fast lint mlflow-ui clean
+# The light commands (pipeline compare, pipeline monitor) need no torch: a small environment, versions from uv.lock.
+LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client packaging
+# `make act WORKFLOW=pipeline` runs a workflow's jobs here with act (scripts/act.sh; ACT_ARGS for more flags).
+WORKFLOW ?= ci
+ACT_ARGS ?=
+
+.PHONY: help env env-light pipeline test test-fast lint mlflow-ui act clean
 
 help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
 	@echo "make test       lint, type-check and run all tests, as CI does"
 	@echo "make test-fast  the fast tests only (no 'slow' marker)"
 	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:5000"
+	@echo "make act        run a GitHub workflow locally with act (WORKFLOW=ci|pipeline, ACT_ARGS=...)"
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -26,6 +33,15 @@ help:
 	@touch $@
 
 env: .venv/.synced
+
+.venv-light/.synced: $(UV) uv.lock Makefile
+	$(UV) venv --quiet --allow-existing .venv-light
+	$(UV) export --frozen --no-hashes --no-emit-project --no-header --quiet -o .venv-light/constraints.txt
+	$(UV) pip install --quiet --python .venv-light -c .venv-light/constraints.txt $(LIGHT_PACKAGES)
+	@touch $@
+
+# Run the light commands as `PYTHONPATH=. .venv-light/bin/python -m pipeline.cli monitor|compare ...`
+env-light: .venv-light/.synced
 
 pipeline: env
 	$(UV) run --frozen dvc repro $(STAGE)
@@ -44,5 +60,8 @@ test-fast: env
 mlflow-ui: env
 	$(UV) run --frozen mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
+act: env
+	scripts/act.sh $(WORKFLOW) $(ACT_ARGS)
+
 clean:
-	rm -rf .tools .venv .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .tools .venv .venv-light .act-artifacts .mypy_cache .ruff_cache .pytest_cache

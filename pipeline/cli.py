@@ -11,12 +11,12 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, Params, load_params
+from pipeline.config import ConfigError, Params, load_params, set_params
 from pipeline.errors import StageError
 
 app = typer.Typer(
     name="pipeline",
-    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, containerize, deploy.",
+    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, containerize, deploy; serve, monitor.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -108,6 +108,48 @@ def containerize(params: Path = ParamsOption) -> None:
 def deploy(params: Path = ParamsOption) -> None:
     """Run the image, smoke-test it through the API on real test images."""
     _run_stage("deploy", params)
+
+
+@app.command("set-params")
+def set_params_command(
+    assignments: list[str] = typer.Argument(..., help="SECTION.KEY=VALUE (YAML value), e.g. train.epochs=2."),
+    params: Path = ParamsOption,
+) -> None:
+    """Change parameters in params.yaml in place (comments kept), validated first: for one-off runs such as CI's."""
+    try:
+        set_params(params, assignments)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"{params}: set {', '.join(a.split('=', 1)[0] for a in assignments)}")
+
+
+@app.command()
+def monitor(
+    params: Path = ParamsOption,
+    url: str | None = typer.Option(
+        None, "--url", "-u", help="Server base URL (else $PIPELINE_MONITOR_URL, else monitor.url)."
+    ),
+    images: int | None = typer.Option(None, help="Override monitor.images (0 = all)."),
+) -> None:
+    """Probe a running server with labelled images and its /metrics; fail on a threshold breach."""
+    try:
+        loaded = load_params(params)
+        if images is not None:
+            merged = loaded.monitor.model_dump() | {"images": images}
+            loaded = loaded.model_copy(update={"monitor": type(loaded.monitor).model_validate(merged)})
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    except ValidationError as exc:
+        _fail("; ".join(f"monitor.{e['loc'][0]}: {e['msg']}" for e in exc.errors()))
+        return
+    from pipeline import monitor as probe
+
+    try:
+        probe.run(loaded, url=url)
+    except StageError as exc:
+        _fail(str(exc))
 
 
 @app.command()

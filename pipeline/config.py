@@ -24,6 +24,7 @@ MODELS_DIR = Path("models")
 REPORTS_DIR = Path("reports")
 
 GTSRB_ROOT_ENV = "GTSRB_ROOT"
+MONITOR_URL_ENV = "PIPELINE_MONITOR_URL"
 
 
 class Section(BaseModel):
@@ -264,6 +265,30 @@ class DeployConfig(Section):
     """With no Docker engine reachable: record a skipped deploy instead of failing the stage."""
 
 
+class MonitorConfig(Section):
+    """`pipeline monitor`: probe a deployed server with labelled test images and check its health thresholds."""
+
+    url: str = ""
+    """Base URL of the server, e.g. https://signs.example.com; empty: give --url or $PIPELINE_MONITOR_URL."""
+    source: Literal["prepared", "gtsrb"] = "prepared"
+    """Labelled images: `prepared` = data/prepared/test.npz; `gtsrb` = the GTSRB test split under data.root
+    ($GTSRB_ROOT), cropped and resized as the prepare stage does."""
+    images: int = Field(200, ge=0)
+    """Images to send: the first N of the source; 0 = all of them."""
+    batch_size: int = Field(8, ge=1, le=256)
+    """Images per `POST /v1/predict` request (each sent as a PNG file)."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Requests in flight at once."""
+    timeout_s: float = Field(10.0, gt=0.0, le=600.0)
+    """Per request; a request that takes longer counts as an error."""
+    min_accuracy: float = Field(0.9, ge=0.0, le=1.0)
+    """Breach when top-1 accuracy over the answered images is below this."""
+    max_p99_latency_ms: float = Field(1000.0, gt=0.0)
+    """Breach when the 99th percentile of request latency (client side, one request = one batch) is above this."""
+    max_error_rate: float = Field(0.01, ge=0.0, le=1.0)
+    """Breach when more than this fraction of requests fail (non-200 answer, timeout, dropped connection)."""
+
+
 class Params(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -274,6 +299,7 @@ class Params(Section):
     serve: ServeConfig = ServeConfig()
     containerize: ContainerizeConfig = ContainerizeConfig()
     deploy: DeployConfig = DeployConfig()
+    monitor: MonitorConfig = MonitorConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 
@@ -313,3 +339,51 @@ def load_params(path: Path = Path("params.yaml")) -> Params:
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{at}") from None
     return parse_params(raw, str(path))
+
+
+def set_params(path: Path, assignments: list[str]) -> Params:
+    """Apply `SECTION.KEY=VALUE` assignments (VALUE in YAML: 3, true, [0, 1], text) to a params file in place,
+    keeping its comments and layout; the result is validated before anything is written.
+
+    For one-off runs, e.g. a CI job's shorter training: `pipeline set-params train.epochs=2`."""
+    import json
+    import re
+
+    text = path.read_text() if path.is_file() else ""
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name or "." in name:
+            raise ConfigError(f"{assignment!r}: expected SECTION.KEY=VALUE, e.g. train.epochs=2")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"{assignment!r}: the value is not valid YAML") from None
+        rendered = json.dumps(parsed)  # JSON is YAML: quoted strings, [lists], true/false, numbers
+        lines = text.splitlines(keepends=True)
+        header = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(section)}:\s*(#.*)?$", line)), None)
+        if header is None:
+            text = text + ("" if not text or text.endswith("\n") else "\n") + f"\n{section}:\n  {name}: {rendered}\n"
+            continue
+        end = next(
+            (i for i in range(header + 1, len(lines)) if lines[i].strip() and not lines[i][0].isspace()
+             and not lines[i].startswith("#")),
+            len(lines),
+        )  # fmt: skip
+        pattern = re.compile(rf"^(\s+{re.escape(name)}:)([ \t]*)([^#\n]*?)([ \t]*#.*)?(\n?)$")
+        for i in range(header + 1, end):
+            match = pattern.match(lines[i])
+            if match:
+                comment = match.group(4) or ""
+                lines[i] = f"{match.group(1)} {rendered}{comment}{match.group(5)}"
+                break
+        else:
+            lines.insert(header + 1, f"  {name}: {rendered}\n")
+        text = "".join(lines)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"{path}: the assignments would make it invalid YAML") from None
+    params = parse_params(raw, str(path))
+    path.write_text(text)
+    return params

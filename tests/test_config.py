@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, Params, load_params, parse_params
+from pipeline.config import ConfigError, Params, load_params, parse_params, set_params
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,3 +66,30 @@ def test_gtsrb_root_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.resolved_root() == Path("data/raw")
     monkeypatch.setenv("GTSRB_ROOT", "/elsewhere")
     assert config.resolved_root() == Path("/elsewhere")
+
+
+def test_set_params_edits_in_place_keeping_comments(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_text()
+    path.write_text(original)
+    params = set_params(path, ["train.epochs=2", "benchmark.backends=[onnxruntime]", "monitor.url=http://h:1"])
+    assert params.train.epochs == 2 and params.benchmark.backends == ["onnxruntime"]
+    assert load_params(path) == params
+    text = path.read_text()
+    assert "  epochs: 2\n" in text and '  url: "http://h:1"' in text
+    assert len(text.splitlines()) == len(original.splitlines())
+    assert sum(line.count("#") for line in text.splitlines()) == sum(line.count("#") for line in original.splitlines())
+
+
+def test_set_params_refuses_mistakes_without_writing(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text())
+    before = path.read_text()
+    for bad, message in [
+        ("train.epoch=2", "train.epoch: unknown key"),
+        ("train.epochs=many", "train.epochs: input should be a valid integer"),
+        ("epochs=2", "expected SECTION.KEY=VALUE"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            set_params(path, [bad])
+    assert path.read_text() == before

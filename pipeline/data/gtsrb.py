@@ -130,3 +130,16 @@ def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]
     if bad_labels:
         raise StageError(f"GTSRB {split} split under {root} has class ids outside 0..42: {bad_labels}")
     return files
+
+
+def read_test_split(root: Path) -> list[SignFile]:
+    """The test split from its annotation file alone (GT-final_test.csv: file, ROI box, class; no torchvision),
+    for consumers that only read images, such as `pipeline monitor`."""
+    csv_path = root / "gtsrb" / "GT-final_test.csv"
+    images = root / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
+    boxes = _read_boxes(csv_path)
+    files = [SignFile(images / name, label, box, -1) for name, (box, label) in sorted(boxes.items())]
+    files = [f for f in files if f.path.is_file()]
+    if not files:
+        raise StageError(f"no labelled GTSRB test images under {root}: {LAYOUT_HELP}")
+    return files

@@ -81,11 +81,10 @@ def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str =
     return values.reshape(tensor["shape"])
 
 
-def predict_png(base_url: str, images: np.ndarray) -> list[int]:
-    """Top-1 class ids for uint8 images sent as PNG files through /v1/predict (multipart)."""
+def png_multipart(images: np.ndarray, boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
+    """A multipart body with each uint8 image as a PNG file (field `files`), and its Content-Type."""
     from PIL import Image
 
-    boundary = "----gtsrb-smoke-boundary"
     parts: list[bytes] = []
     for i, image in enumerate(images):
         buffer = io.BytesIO()
@@ -97,12 +96,21 @@ def predict_png(base_url: str, images: np.ndarray) -> list[int]:
             + b"\r\n"
         )
     body = b"".join(parts) + f"--{boundary}--\r\n".encode()
-    status, _, answer = http(
-        "POST", f"{base_url}/v1/predict", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def top1(answer: bytes) -> list[int]:
+    """Top-1 class ids from a /v1/predict answer."""
+    return [int(p["top_k"][0]["class_id"]) for p in json.loads(answer)["predictions"]]
+
+
+def predict_png(base_url: str, images: np.ndarray) -> list[int]:
+    """Top-1 class ids for uint8 images sent as PNG files through /v1/predict (multipart)."""
+    body, content_type = png_multipart(images)
+    status, _, answer = http("POST", f"{base_url}/v1/predict", body, {"Content-Type": content_type})
     if status != 200:
         raise StageError(f"/v1/predict failed: HTTP {status}: {answer[:300]!r}")
-    return [int(p["top_k"][0]["class_id"]) for p in json.loads(answer)["predictions"]]
+    return top1(answer)
 
 
 def smoke_test(
