@@ -434,6 +434,8 @@ def run(params: Params) -> None:
         SERVING_CHOICE.write_text(json.dumps(asdict(chosen.setup) | {"metrics": chosen.metrics}, indent=2) + "\n")
         if config.profile:
             profile(chosen.setup, manifest, REPORT_DIR / "profile.txt")
+        else:  # still written: dvc.yaml declares it, and a stale profile must not pass for this run's
+            (REPORT_DIR / "profile.txt").write_text("profiling disabled (benchmark.profile: false)\n")
         version = _set_champion(params, manifest, chosen)
         for r in results:
             if r.status == "ok":
