@@ -299,7 +299,7 @@ def machine_facts(wrk: str | None) -> dict[str, Any]:
     wrk_version = ""
     if wrk:
         wrk_version = subprocess.run([wrk, "--version"], capture_output=True, text=True, check=False).stdout
-        wrk_version = wrk_version.split("Copyright")[0].strip()
+        wrk_version = wrk_version.split("Copyright")[0].strip().removeprefix("wrk ")
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -327,7 +327,7 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=Path("models"))
     parser.add_argument("--variant", default="int8-onnx", help="ONNX variant of setups (a) and (b)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="batch limit of setup (a)")
-    parser.add_argument("--max-delay-ms", type=float, default=1.0, help="batching window of setup (a)")
+    parser.add_argument("--max-delay-ms", type=float, default=0.0, help="batching window of setup (a)")
     parser.add_argument("--threads", type=int, default=0, help="serve.threads of (a) and (b) (0 = all cores)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--seconds", type=float, default=8.0, help="per setup and concurrency level")
