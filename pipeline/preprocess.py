@@ -46,15 +46,15 @@ def to_array(image: Image.Image, size: int, box: Box | None = None, margin: floa
     return np.asarray(image, dtype=np.uint8)
 
 
-def open_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """Open and fully decode an image file or bytes; any failure becomes BadImage."""
+def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """Open an image file or bytes and read its header only (size checked against `max_pixels`);
+    `load_image` decodes it. Any failure becomes BadImage."""
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     try:
         image = Image.open(source)
         if image.width * image.height > max_pixels:
             raise BadImage(f"image is {image.width}x{image.height}, larger than {max_pixels} pixels")
-        image.load()  # decode now: truncated files fail here, not later
     except BadImage:
         raise
     except Image.DecompressionBombError:  # PIL's own guard, for headers far beyond max_pixels
@@ -62,3 +62,19 @@ def open_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
     except (OSError, ValueError, SyntaxError) as exc:
         raise BadImage(f"cannot decode image: {exc}") from None
     return image
+
+
+def load_image(image: Image.Image) -> Image.Image:
+    """Decode an image opened by `peek_image` now: truncated files fail here, not later."""
+    try:
+        image.load()
+    except Image.DecompressionBombError:
+        raise BadImage("image is too large to decode") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise BadImage(f"cannot decode image: {exc}") from None
+    return image
+
+
+def open_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """Open and fully decode an image file or bytes; any failure becomes BadImage."""
+    return load_image(peek_image(source, max_pixels))

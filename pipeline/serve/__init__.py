@@ -7,6 +7,8 @@ from pipeline.console import log
 
 
 def run(params: Params) -> None:
+    import gc
+
     import uvicorn
 
     from pipeline.serve.app import create_app
@@ -15,8 +17,15 @@ def run(params: Params) -> None:
     config = params.serve
     model = load_served_model(MODELS_DIR, config)
     log(f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}")
+    app = create_app(config, model)
+    # Every request allocates a few thousand short-lived objects: with the long-lived heap (modules,
+    # the model session, the app) frozen out of the collector and a larger first generation, garbage
+    # collection stops showing in the per-request profile (it was ~9 % of the event loop's time).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     uvicorn.run(
-        create_app(config, model),
+        app,
         host=config.host,
         port=config.port,
         timeout_graceful_shutdown=int(config.drain_timeout_s) or None,

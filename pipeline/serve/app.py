@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,15 +30,21 @@ from pipeline.serve.protocol import (
     BadRequest,
     InferRequest,
     PredictRequest,
-    decode_images,
+    decode_opened,
     encode_outputs,
     json_bytes,
+    multipart_files,
     parse_infer_body,
     parse_predict_json,
+    peek_images,
+    pixel_count,
     tensor_images,
 )
 
 OUTPUT_NAMES = ("probabilities", "class_id")
+# Requests with at most this many image pixels in all are decoded on the event loop (about 0.2 ms);
+# larger ones in a worker thread.
+INLINE_DECODE_PIXELS = 256 * 256
 
 
 class BodyTooLarge(HTTPException):
@@ -115,6 +121,52 @@ class Metrics:
         return BatchStats(on_batch=on_batch, on_queue=self.queue.set)
 
 
+class Observe:
+    """Prometheus request metrics as a plain ASGI middleware (Starlette's BaseHTTPMiddleware would add a
+    task and a memory stream to every request)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self._children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+
+    def _series(self, path: str, status: int) -> tuple[Any, Any, Any]:
+        """(request counter, latency histogram, error counter or None) for a route and status, cached."""
+        series = self._children.get((path, status))
+        if series is None:
+            m = self.metrics
+            errors = m.errors.labels(str(status)) if status >= 400 else None
+            series = (m.requests.labels(path, str(status)), m.latency.labels(path), errors)
+            self._children[(path, status)] = series
+        return series
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # an exception before any response reaches uvicorn as a 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        in_flight = self.metrics.in_flight
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            in_flight.dec()
+            route = scope.get("route")
+            requests, latency, errors = self._series(getattr(route, "path", "unmatched"), status)
+            requests.inc()
+            latency.observe(time.perf_counter() - started)
+            if errors is not None:
+                errors.inc()
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
@@ -150,22 +202,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-
-    @app.middleware("http")
-    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        metrics.in_flight.inc()
-        try:
-            response = await call_next(request)
-        finally:
-            metrics.in_flight.dec()
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        metrics.requests.labels(path, str(response.status_code)).inc()
-        metrics.latency.labels(path).observe(time.perf_counter() - started)
-        if response.status_code >= 400:
-            metrics.errors.labels(str(response.status_code)).inc()
-        return response
+    app.add_middleware(Observe, metrics=metrics)  # outermost: sees every response, 413s included
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -198,10 +235,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             raise HTTPException(404, f"unknown model {name!r}; this server serves {config.model_name!r}")
 
     async def decode(items: list[tuple[bytes, Box | None]]) -> np.ndarray:
-        try:  # decoding is CPU work: keep it off the event loop
-            return await asyncio.to_thread(
-                decode_images, items, model.image_size, model.roi_margin, config.max_image_pixels
-            )
+        try:
+            opened = peek_images(items, config.max_image_pixels)  # headers only: cheap
+            if pixel_count(opened) <= INLINE_DECODE_PIXELS:  # small images: a thread hop costs more
+                return decode_opened(opened, model.image_size, model.roi_margin)
+            # larger ones are CPU work: keep it off the event loop
+            return await asyncio.to_thread(decode_opened, opened, model.image_size, model.roi_margin)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
@@ -312,13 +351,17 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         }
     }
 
-    @app.post("/v1/predict", tags=["v1"], openapi_extra=predict_schema)
-    async def predict(request: Request) -> dict[str, Any]:
+    @app.post("/v1/predict", tags=["v1"], openapi_extra=predict_schema, response_model=dict[str, Any])
+    async def predict(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         top_k = config.top_k
+        max_images = config.max_images_per_request
         if content_type == "multipart/form-data":
+            files = multipart_files(await request.body(), request.headers["content-type"], max_images)
+            if files is not None:  # the common case, split in C; else python-multipart (body is cached)
+                return await answer([(data, None) for data in files], top_k)
             try:
-                form = await request.form(max_files=config.max_images_per_request, max_fields=16)
+                form = await request.form(max_files=max_images, max_fields=16)
             except HTTPException:
                 raise
             except Exception as exc:  # malformed multipart bodies surface as parser errors
@@ -329,7 +372,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             items: list[tuple[bytes, Box | None]] = [(await upload.read(), None) for upload in uploads]
         elif content_type == "application/json":
             try:
-                items, requested_k = parse_predict_json(await request.body(), config.max_images_per_request)
+                items, requested_k = parse_predict_json(await request.body(), max_images)
             except BadRequest as exc:
                 raise HTTPException(exc.status, str(exc)) from None
             top_k = requested_k or top_k
@@ -338,10 +381,13 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                 415,
                 f"unsupported content type {content_type or '(none)'!r}: use multipart/form-data or application/json",
             )
+        return await answer(items, top_k)
+
+    async def answer(items: list[tuple[bytes, Box | None]], top_k: int) -> Response:
         probabilities = await run_model(await decode(items))
         k = min(top_k, probabilities.shape[1])
         order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]  # ties: lowest id, as argmax
-        return {
+        payload = {
             "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
             "predictions": [
                 {
@@ -353,6 +399,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                 for row, classes in zip(probabilities, order, strict=True)
             ],
         }
+        return Response(json_bytes(payload), media_type="application/json")  # no jsonable_encoder pass
 
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:

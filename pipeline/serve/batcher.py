@@ -1,10 +1,14 @@
 """Dynamic batching: concurrent requests coalesce into one inference call.
 
-Requests put their images on a queue and await a future. One worker task takes the first waiting
-request, gathers more until `max_batch_size` images or `max_delay` has passed, runs the model on the
+Requests put their images on a queue and await a future. One worker task waits for the first request,
+then until `max_batch_size` images wait or `max_delay` has passed since it arrived, runs the model on the
 whole batch in a worker thread (the event loop keeps accepting requests meanwhile, so the next batch
 fills while this one computes), then hands each request its rows. A bounded queue refuses work it could
 not finish in time instead of letting latency grow without limit.
+
+The queue is a deque and the worker sleeps on one future with one timer per batch (not a task and a
+timer per request, as `asyncio.wait_for(queue.get())` would cost): at thousands of requests per second
+the per-request cost of the event loop is what limits the server.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +49,11 @@ class BatchStats:
     on_queue: Callable[[int], None] = lambda depth: None
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class DynamicBatcher:
     def __init__(
         self,
@@ -58,8 +68,10 @@ class DynamicBatcher:
         self.max_delay_s = max_delay_s
         self.max_queue_images = max_queue_images
         self._stats = stats or BatchStats()
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._jobs: deque[_Job] = deque()
         self._queued_images = 0
+        self._wakeup: asyncio.Future[None] | None = None  # the worker waits on it ...
+        self._wake_at = 1  # ... until this many images are queued (or its timer fires)
         self._in_flight = 0
         self._draining = False
         self._worker: asyncio.Task[None] | None = None
@@ -88,42 +100,50 @@ class DynamicBatcher:
             job = _Job(chunk, loop.create_future())
             jobs.append(job)
             self._queued_images += len(chunk)
-            self._queue.put_nowait(job)
+            self._jobs.append(job)
         self._stats.on_queue(self._queued_images)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done() and self._queued_images >= self._wake_at:
+            wakeup.set_result(None)
         self._in_flight += 1
         try:
+            if len(jobs) == 1:
+                return await jobs[0].future
             results = await asyncio.gather(*(job.future for job in jobs))
         finally:
             self._in_flight -= 1
-        return results[0] if len(results) == 1 else np.concatenate(results)
+        return np.concatenate(results)
+
+    async def _wait(self, wake_at: int, timeout_s: float | None) -> None:
+        """Sleep until `wake_at` images are queued or `timeout_s` has passed."""
+        loop = asyncio.get_running_loop()
+        self._wake_at = wake_at
+        self._wakeup = waiter = loop.create_future()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._wakeup = None
+            if timer is not None:
+                timer.cancel()
 
     async def _collect(self) -> list[_Job]:
         """The next batch: the first job, then whatever arrives within max_delay, up to max_batch_size."""
-        jobs = [await self._queue.get()]
-        size = len(jobs[0].images)
-        deadline = jobs[0].enqueued + self.max_delay_s
-        while size < self.max_batch_size:
-            if self._queue.empty():
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    break
-            else:
-                job = self._queue.get_nowait()
-            if size + len(job.images) > self.max_batch_size:
-                self._queue_front(job)
+        while not self._jobs:
+            await self._wait(1, None)
+        deadline = self._jobs[0].enqueued + self.max_delay_s
+        while self._queued_images < self.max_batch_size:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
                 break
+            await self._wait(self.max_batch_size, remaining)
+        jobs = [self._jobs.popleft()]
+        size = len(jobs[0].images)
+        while self._jobs and size + len(self._jobs[0].images) <= self.max_batch_size:
+            job = self._jobs.popleft()
             jobs.append(job)
             size += len(job.images)
         return jobs
-
-    def _queue_front(self, job: _Job) -> None:
-        # asyncio.Queue has no push-front; its deque is the documented-in-source storage.
-        self._queue._queue.appendleft(job)  # type: ignore[attr-defined]
-        self._queue._unfinished_tasks += 1  # type: ignore[attr-defined]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import struct
 from typing import Any
 
 import numpy as np
+import orjson
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from python_multipart.multipart import parse_options_header
 
-from pipeline.preprocess import BadImage, Box, open_image, to_array
+from pipeline.preprocess import BadImage, Box, load_image, peek_image, to_array
 
 BINARY_HEADER = "inference-header-content-length"
 
@@ -170,18 +172,87 @@ def tensor_images(
     raise BadRequest(f"input {tensor.name!r}: datatype must be FP32 or BYTES, got {tensor.datatype!r}")
 
 
-def decode_images(
-    images: list[tuple[bytes, Box | None]], image_size: int, roi_margin: float, max_pixels: int
-) -> np.ndarray:
-    """Encoded images -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
-    out = np.empty((len(images), 3, image_size, image_size), dtype=np.float32)
+def peek_images(images: list[tuple[bytes, Box | None]], max_pixels: int) -> list[tuple[Image.Image, Box | None]]:
+    """Open encoded images, reading their headers only (cheap): formats and sizes are checked here."""
+    opened = []
     for i, (data, box) in enumerate(images):
         try:
-            pixels = to_array(open_image(data, max_pixels), image_size, box, roi_margin)
+            opened.append((peek_image(data, max_pixels), box))
+        except BadImage as exc:
+            raise BadRequest(f"image {i}: {exc}") from None
+    return opened
+
+
+def pixel_count(opened: list[tuple[Image.Image, Box | None]]) -> int:
+    return sum(image.width * image.height for image, _ in opened)
+
+
+def decode_opened(opened: list[tuple[Image.Image, Box | None]], image_size: int, roi_margin: float) -> np.ndarray:
+    """Images from `peek_images` -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
+    out = np.empty((len(opened), 3, image_size, image_size), dtype=np.float32)
+    for i, (image, box) in enumerate(opened):
+        try:
+            pixels = to_array(load_image(image), image_size, box, roi_margin)
         except BadImage as exc:
             raise BadRequest(f"image {i}: {exc}") from None
         out[i] = pixels.transpose(2, 0, 1) / np.float32(255.0)
     return out
+
+
+def decode_images(
+    images: list[tuple[bytes, Box | None]], image_size: int, roi_margin: float, max_pixels: int
+) -> np.ndarray:
+    """Encoded images -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
+    return decode_opened(peek_images(images, max_pixels), image_size, roi_margin)
+
+
+def multipart_files(body: bytes, content_type: str, max_files: int) -> list[bytes] | None:
+    """The files of a plain multipart/form-data body, split with bytes.find: every part a file (a
+    Content-Disposition with name and filename, at most a Content-Type besides), no preamble, no
+    epilogue. None for anything else; the caller then runs the general parser (python-multipart through
+    Starlette, with its limits and error messages), so this changes speed, never what is accepted."""
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary", b"")
+    if not 1 <= len(boundary) <= 70:  # RFC 2046's limit
+        return None
+    delimiter = b"--" + boundary
+    if not body.startswith(delimiter + b"\r\n"):
+        return None
+    files: list[bytes] = []
+    pos = len(delimiter) + 2
+    while len(files) < max_files:
+        headers_end = body.find(b"\r\n\r\n", pos)
+        if headers_end < 0 or not _is_plain_file_part(body[pos:headers_end]):
+            return None
+        data_end = body.find(b"\r\n" + delimiter, headers_end + 4)
+        if data_end < 0:
+            return None
+        files.append(body[headers_end + 4 : data_end])
+        pos = data_end + 2 + len(delimiter)
+        after = body[pos : pos + 2]
+        if after == b"--":
+            return files if body[pos + 2 :] in (b"", b"\r\n") else None
+        if after != b"\r\n":
+            return None
+        pos += 2
+    return None  # more files than allowed: the general parser words the error
+
+
+def _is_plain_file_part(headers: bytes) -> bool:
+    disposition_seen = False
+    for line in headers.split(b"\r\n"):
+        name, colon, value = line.partition(b":")
+        name = name.lower()
+        if not colon:
+            return False
+        if name == b"content-disposition" and not disposition_seen:
+            kind, options = parse_options_header(value.lstrip(b" \t"))
+            if kind != b"form-data" or b"name" not in options or b"filename" not in options:
+                return False
+            disposition_seen = True
+        elif name != b"content-type":
+            return False
+    return disposition_seen
 
 
 def parse_predict_json(body: bytes, max_images: int) -> tuple[list[tuple[bytes, Box | None]], int | None]:
@@ -219,4 +290,4 @@ def encode_outputs(outputs: dict[str, np.ndarray], binary: bool) -> tuple[list[d
 
 
 def json_bytes(payload: Any) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return orjson.dumps(payload)

@@ -99,6 +99,15 @@ def test_v1_predict_multipart_and_json(server: Server) -> None:
         for a, b in zip(predictions[0]["top_k"], predictions[0]["top_k"][1:], strict=False)
     )
 
+    # A text field beside the file takes the general multipart parser; a large image is decoded in a
+    # worker thread instead of on the event loop: both answer as the fast path does.
+    big = np.asarray(Image.fromarray(images[0]).resize((320, 320)))
+    files = [("files", ("big.png", png(big), "image/png")), ("files", ("0.png", png(images[0]), "image/png"))]
+    reply = httpx.post(f"{server.url}/v1/predict", files=files, data={"note": "hello"})
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["predictions"]) == 2
+    assert reply.json()["predictions"][1] == predictions[0]
+
     # JSON with base64 and an optional box: the box crops like training does.
     whole = np.zeros((60, 60, 3), dtype=np.uint8)
     whole[10:50, 10:50] = np.asarray(Image.fromarray(images[0]).resize((40, 40)))
@@ -127,6 +136,7 @@ def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> Non
         ("huge dimensions", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", _huge_png_header())}), 400, "larger than"),
         ("oversized body", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"0" * (server.max_body + 1))}), 413, "larger than"),
         ("no files", httpx.post(f"{url}/v1/predict", files={"note": (None, "hello")}), 400, "no image files"),
+        ("malformed multipart", httpx.post(f"{url}/v1/predict", content=b"--xyz\r\nContent-Disposition: form-data; filename=\"a.png\"\r\n\r\n" + good + b"\r\n--xyz--\r\n", headers={"content-type": "multipart/form-data; boundary=xyz"}), 400, "\"name\" must be provided"),
         ("form-urlencoded", httpx.post(f"{url}/v1/predict", data={"a": "b"}), 415, "x-www-form-urlencoded"),
         ("bad json", httpx.post(f"{url}/v1/predict", content=b"{", headers={"content-type": "application/json"}), 400, "invalid request"),
         ("bad base64", httpx.post(f"{url}/v1/predict", json={"images": ["%%%"]}), 400, "not valid base64"),
