@@ -170,10 +170,11 @@ class ServeConfig(Section):
     """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
     threads: int = Field(0, ge=0, le=1024)
     """Intra-op threads of the runtime; 0 = all cores."""
-    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_batch_size: int = Field(64, ge=1, le=4096)
     """Largest batch the dynamic batcher forms; 1 turns batching off."""
-    max_delay_ms: float = Field(2.0, ge=0.0, le=1000.0)
-    """How long the first image of a batch may wait for others."""
+    max_delay_ms: float = Field(0.0, ge=0.0, le=1000.0)
+    """How long the first image of a batch may wait for others. 0: no waiting, a batch is whatever queued
+    while the previous one ran (under load that fills batches without adding latency)."""
     max_queue_images: int = Field(2048, ge=1)
     """Images waiting for inference before new requests get 503 + Retry-After."""
     request_timeout_s: float = Field(10.0, gt=0.0)
