@@ -81,6 +81,9 @@ class TrainConfig(Section):
     """Fraction of the steps spent warming the learning rate up."""
     weight_decay: float = Field(0.0005, ge=0.0, le=1.0)
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    logit_adjustment: float = Field(0.0, ge=0.0, le=5.0)
+    """tau of logit-adjusted training: the model then predicts as if every class were equally common
+    (for class-balanced test sets; rare signs are not out-voted by frequent look-alikes). 0 = off."""
     augment: bool = True
     """Random affine (rotation, shift, scale, shear) and colour jitter, per image; never flips."""
     rotation: float = Field(10.0, ge=0.0, le=180.0)

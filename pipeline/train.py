@@ -309,6 +309,13 @@ def worker(
     for entry in trainer["history"] if d.main else []:  # a resumed run's MLflow run gets the whole curve
         log({k: v for k, v in entry.items() if k != "epoch"}, int(entry["epoch"]))
 
+    # Logit adjustment (Menon et al., 2021): training on logits + tau * log(class prior) makes the plain
+    # logits at inference estimate a class-balanced posterior, so rare classes are not out-voted.
+    prior_shift = None
+    if t.logit_adjustment > 0:
+        counts = torch.bincount(loader.split.labels, minlength=len(manifest.classes)).clamp_(min=1).float()
+        prior_shift = (t.logit_adjustment * torch.log(counts / counts.sum())).to(device)
+
     model.train()
     while loader.epoch < t.epochs:
         epoch = loader.epoch
@@ -329,7 +336,8 @@ def worker(
             with _autocast(device, dtype):
                 logits = step_fn(images)
             # Mean over the *global* batch: DDP/FSDP average gradients over ranks, hence the * world.
-            loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=t.label_smoothing)
+            logits = logits.float() if prior_shift is None else logits.float() + prior_shift
+            loss_sum = F.cross_entropy(logits, labels, reduction="sum", label_smoothing=t.label_smoothing)
             loss = loss_sum * (world / batch.global_size)
             optim.zero_grad(set_to_none=True)
             loss.backward()

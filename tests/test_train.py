@@ -159,3 +159,31 @@ def test_resume_with_another_number_of_processes(project: Path, strategy: str) -
     assert state["step"] == 16 and state["world_size"] == 2
     assert state["loader"] == {"epoch": 2, "offset": 0, "seed": 0, "global_batch_size": 32, "num_samples": 256}
     assert [e["epoch"] for e in state["history"]] == [1, 2]
+
+
+def test_logit_adjustment_lets_a_rare_class_win_back_its_share(project: Path) -> None:
+    """Classes 0 and 1 look alike; class 0 is 5x as common. Plain training learns the prior (class 1 gets
+    ~1/6 of the two-way probability); with train.logit_adjustment = 1 the model's logits are balanced,
+    so class 1 gets about half."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 200 + [1] * 40, dtype=np.uint8)
+    images = np.clip(rng.normal(128, 30, size=(240, 16, 16, 3)), 0, 255).astype(np.uint8)
+    np.savez(project / "data/prepared/train.npz", images=images, labels=labels)
+    probe = torch.from_numpy(np.clip(rng.normal(128, 30, size=(64, 16, 16, 3)), 0, 255).astype(np.float32) / 255)
+
+    def rare_share(tau: float) -> float:
+        train.run(train_params(epochs=6, logit_adjustment=tau, augment=False, checkpoint_every=0))
+        payload = torch.load(train.MODEL_PATH, map_location="cpu", weights_only=True)
+        from pipeline import nets
+
+        model = nets.build_from_arch(payload["arch"], payload["mean"], payload["std"])
+        model.load_state_dict(payload["state_dict"])
+        with torch.no_grad():
+            p = model.eval()(probe.permute(0, 3, 1, 2)).softmax(1)
+        return float((p[:, 1] / (p[:, 0] + p[:, 1])).mean())
+
+    plain, adjusted = rare_share(0.0), rare_share(1.0)
+    assert plain < 0.3
+    assert adjusted > plain + 0.15
