@@ -31,12 +31,9 @@ def folder_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def sha256_of(path: Path) -> str:
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -61,7 +58,7 @@ def seal(partial: Path, trainer_state: dict[str, Any]) -> Path:
         if path.is_file() and path.name != MARKER:
             with path.open("rb") as fh:
                 os.fsync(fh.fileno())
-            files[str(path.relative_to(partial))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            files[str(path.relative_to(partial))] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     marker = partial / MARKER
     marker.write_text(json.dumps({"files": files}, indent=1))
     with marker.open("rb") as fh:
@@ -108,7 +105,7 @@ def verify(folder: Path) -> dict[str, Any]:
                 f"checkpoint {folder} is corrupt: {name} has {size} bytes, expected {info['size']} "
                 f"(truncated?) ({hint})"
             )
-        if _sha256(path) != info["sha256"]:
+        if sha256_of(path) != info["sha256"]:
             raise StageError(f"checkpoint {folder} is corrupt: {name} fails its SHA-256 check ({hint})")
     if TRAINER_STATE not in files:
         raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is missing ({hint})")

@@ -13,7 +13,6 @@ pipeline.runtimes (the code the benchmark and the server use) and shipped only w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline import console, nets
+from pipeline.checkpoint import sha256_of
 from pipeline.config import MODELS_DIR, PREPARED_DIR, REPORTS_DIR, OptimizeConfig, Params
 from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
@@ -118,14 +118,6 @@ def load_trained(path: Path, prepared: dict[str, Any]) -> tuple[nn.Module, dict[
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def predict_all(runtime: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
