@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -25,24 +26,30 @@ app = typer.Typer(
 ParamsOption = typer.Option(Path("params.yaml"), "--params", "-p", help="Parameters file.")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
 
 
-def _run_stage(module: str, params_path: Path, serve_overrides: dict[str, object] | None = None) -> None:
-    """Validate params, import the stage lazily (importing `pipeline` stays fast), run it."""
+def _load(params_path: Path, section: str = "", overrides: dict[str, object] | None = None) -> Params:
+    """Validated params, with command-line `overrides` (None = not given) applied to one section."""
     try:
         params: Params = load_params(params_path)
-        if serve_overrides:
-            merged = params.serve.model_dump() | {k: v for k, v in serve_overrides.items() if v is not None}
-            params = params.model_copy(update={"serve": type(params.serve).model_validate(merged)})
+        given = {k: v for k, v in (overrides or {}).items() if v is not None}
+        if given:
+            current = getattr(params, section)
+            merged = current.model_dump() | given
+            params = params.model_copy(update={section: type(current).model_validate(merged)})
     except ConfigError as exc:
         _fail(str(exc))
-        return
     except ValidationError as exc:
-        _fail("; ".join(f"serve.{e['loc'][0]}: {e['msg']}" for e in exc.errors()))
-        return
+        _fail("; ".join(f"{section}.{e['loc'][0]}: {e['msg']}" for e in exc.errors()))
+    return params
+
+
+def _run_stage(module: str, params_path: Path, serve_overrides: dict[str, object] | None = None) -> None:
+    """Validate params, import the stage lazily (importing `pipeline` stays fast), run it."""
+    params = _load(params_path, "serve", serve_overrides)
     stage = importlib.import_module(f"pipeline.{module}")
     try:
         stage.run(params)
@@ -133,17 +140,7 @@ def monitor(
     images: int | None = typer.Option(None, help="Override monitor.images (0 = all)."),
 ) -> None:
     """Probe a running server with labelled images and its /metrics; fail on a threshold breach."""
-    try:
-        loaded = load_params(params)
-        if images is not None:
-            merged = loaded.monitor.model_dump() | {"images": images}
-            loaded = loaded.model_copy(update={"monitor": type(loaded.monitor).model_validate(merged)})
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
-    except ValidationError as exc:
-        _fail("; ".join(f"monitor.{e['loc'][0]}: {e['msg']}" for e in exc.errors()))
-        return
+    loaded = _load(params, "monitor", {"images": images})
     from pipeline import monitor as probe
 
     try:
