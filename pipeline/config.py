@@ -66,6 +66,9 @@ class ModelConfig(Section):
     input_norm: Literal["dataset", "image"] = "image"
     """signnet: `image` standardises each image by its own mean/std (contrast normalisation, robust to
     dark photos); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
+    members: int = Field(1, ge=1, le=8)
+    """Committee size: > 1 trains that many differently initialised copies side by side (same batches,
+    each its own loss) and predicts with their mean probability. Costs members x the compute."""
 
 
 class TrainConfig(Section):

@@ -8,10 +8,15 @@ export, the server) feeds the same uint8 -> float[0,1] pixels and cannot drift f
   FC 2304->128, FC 128->43 at 32x32), kept as the reference to compare against.
 - `signnet`: the default, a compact VGG-style CNN (conv-BN-ReLU pairs, widths w-2w-4w, global pooling),
   sized to train to high accuracy on two CPU cores.
+
+`model.members` > 1 wraps either in a `Committee` of independently initialised copies that vote (the
+IJCNN 2011 winner was a committee too); it is still one module, so training, checkpoints, ONNX export,
+quantisation and serving treat it like any network.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -126,6 +131,35 @@ class SignNet(nn.Module):
         return self.classifier(self.features(self.normalize(x)))
 
 
+class Committee(nn.Module):
+    """Several networks of one architecture, each initialised differently, that vote.
+
+    In training mode `forward` returns every member's logits stacked, [members, batch, classes], so each
+    member learns from its own loss (`member_loss_inputs`): a loss on the averaged output would couple the
+    members and cost the diversity the vote lives on. In eval mode it returns the log of the members' mean
+    probability, so softmax gives the committee's probabilities and argmax its vote."""
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError("a committee needs at least 2 members")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.stack([member(x) for member in self.members])
+        if self.training:
+            return logits
+        return torch.logsumexp(torch.log_softmax(logits, dim=-1), dim=0) - math.log(len(self.members))
+
+
+def member_loss_inputs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training outputs as (logits [n, classes], labels [n]): a committee's members are stacked along the
+    batch, so a summed loss is the sum of the members' own losses."""
+    if logits.dim() == 3:
+        return logits.flatten(0, 1), labels.repeat(logits.shape[0])
+    return logits, labels
+
+
 def build(
     name: str,
     mean: Sequence[float],
@@ -135,13 +169,23 @@ def build(
     dropout: float = 0.2,
     num_classes: int = NUM_CLASSES,
     input_norm: str = "dataset",
+    members: int = 1,
 ) -> nn.Module:
-    """The network called `name`, with the normalisation of the prepared data built in."""
-    if name == "trafficsignnet":
-        return TrafficSignNet(mean, std, image_size=image_size, num_classes=num_classes)
-    if name == "signnet":
-        return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes, input_norm=input_norm)
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    """The network called `name`, with the normalisation of the prepared data built in; a `Committee` of
+    `members` copies when more than one."""
+    if members < 1:
+        raise ValueError(f"members must be >= 1, got {members}")
+
+    def one() -> nn.Module:
+        if name == "trafficsignnet":
+            return TrafficSignNet(mean, std, image_size=image_size, num_classes=num_classes)
+        if name == "signnet":
+            return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes, input_norm=input_norm)
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+
+    if members == 1:
+        return one()
+    return Committee([one() for _ in range(members)])
 
 
 def arch_kwargs(
@@ -151,6 +195,7 @@ def arch_kwargs(
     dropout: float = 0.2,
     num_classes: int = NUM_CLASSES,
     input_norm: str = "dataset",
+    members: int = 1,
 ) -> dict[str, object]:
     """The keyword arguments (besides mean/std) that `build` needs, stored with the saved model."""
     return {
@@ -160,6 +205,7 @@ def arch_kwargs(
         "dropout": dropout,
         "num_classes": num_classes,
         "input_norm": input_norm,
+        "members": members,
     }
 
 
@@ -174,6 +220,7 @@ def build_from_arch(arch: Mapping[str, Any], mean: Sequence[float], std: Sequenc
         dropout=float(arch.get("dropout", 0.2)),
         num_classes=int(arch.get("num_classes", NUM_CLASSES)),
         input_norm=str(arch.get("input_norm", "dataset")),
+        members=int(arch.get("members", 1)),
     )
 
 

@@ -147,6 +147,7 @@ def build_model(params: Params, manifest: Manifest) -> nn.Module:
         dropout=params.model.dropout,
         num_classes=len(manifest.classes),
         input_norm=params.model.input_norm,
+        members=params.model.members,
     )
 
 
@@ -337,13 +338,15 @@ def worker(
                 logits = step_fn(images)
             # Mean over the *global* batch: DDP/FSDP average gradients over ranks, hence the * world.
             logits = logits.float() if prior_shift is None else logits.float() + prior_shift
-            loss_sum = F.cross_entropy(logits, labels, reduction="sum", label_smoothing=t.label_smoothing)
+            # A committee's members each add their own loss (see nets.Committee).
+            flat_logits, flat_labels = nets.member_loss_inputs(logits, labels)
+            loss_sum = F.cross_entropy(flat_logits, flat_labels, reduction="sum", label_smoothing=t.label_smoothing)
             loss = loss_sum * (world / batch.global_size)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
             step += 1
-            trainer["epoch_loss"] += float(loss_sum.detach())
+            trainer["epoch_loss"] += float(loss_sum.detach()) * len(labels) / len(flat_labels)  # per member
             trainer["epoch_samples"] += len(labels)
             session_samples += len(labels)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
@@ -394,6 +397,7 @@ def worker(
                 params.model.dropout,
                 len(manifest.classes),
                 params.model.input_norm,
+                params.model.members,
             ),
             "mean": manifest.mean,
             "std": manifest.std,

@@ -82,3 +82,45 @@ def test_saved_arch_rebuilds_the_same_network_and_old_files_default_to_dataset_n
 def test_unknown_input_normalisation_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown input normalisation"):
         nets.build("signnet", MEAN, STD, 32, input_norm="clahe")
+
+
+def test_committee_members_start_apart_and_vote_with_their_mean_probability() -> None:
+    torch.manual_seed(0)
+    committee = nets.build("signnet", MEAN, STD, 32, width=8, members=3, input_norm="image")
+    assert isinstance(committee, nets.Committee) and len(committee.members) == 3
+    first, second = (m.features[0].weight for m in committee.members[:2])  # type: ignore[index]
+    assert not torch.equal(first, second)  # differently initialised, or the vote would add nothing
+    x = torch.rand(5, 3, 32, 32)
+    committee.train()
+    assert committee(x).shape == (3, 5, 43)  # training: each member's own logits
+    committee.eval()
+    with torch.no_grad():
+        mean_probability = torch.stack([m(x).softmax(1) for m in committee.members]).mean(0)
+        out = committee(x)
+    assert out.shape == (5, 43)
+    torch.testing.assert_close(out.softmax(1), mean_probability)
+    torch.testing.assert_close(out.exp().sum(1), torch.ones(5))  # log-probabilities: softmax(out) == exp(out)
+
+
+def test_member_losses_are_stacked_along_the_batch() -> None:
+    logits, labels = torch.randn(2, 4, 43), torch.tensor([1, 2, 3, 4])
+    flat_logits, flat_labels = nets.member_loss_inputs(logits, labels)
+    assert flat_logits.shape == (8, 43) and flat_labels.tolist() == [1, 2, 3, 4] * 2
+    summed = torch.nn.functional.cross_entropy(flat_logits, flat_labels, reduction="sum")
+    each = sum(torch.nn.functional.cross_entropy(m, labels, reduction="sum") for m in logits)
+    torch.testing.assert_close(summed, each)
+    single = torch.randn(4, 43)
+    assert nets.member_loss_inputs(single, labels)[0] is single
+
+
+def test_committee_arch_round_trips_and_old_files_are_single_networks() -> None:
+    model = nets.build("signnet", MEAN, STD, 32, width=8, members=2).eval()
+    arch = nets.arch_kwargs("signnet", 32, width=8, members=2)
+    again = nets.build_from_arch(arch, MEAN, STD).eval()
+    again.load_state_dict(model.state_dict())
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(model(x), again(x))
+    old = {k: v for k, v in arch.items() if k != "members"}
+    assert isinstance(nets.build_from_arch(old, MEAN, STD), nets.SignNet)
+    with pytest.raises(ValueError, match="members"):
+        nets.build("signnet", MEAN, STD, 32, members=0)

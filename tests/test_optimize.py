@@ -366,3 +366,20 @@ def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) 
     labels_only = finetune(copy.deepcopy(pruned), _params(finetune_epochs=3, finetune_distill=0.0), teacher=teacher)
     assert gap(distilled) < 0.5 * before
     assert gap(distilled) < gap(labels_only)
+
+
+def test_pruning_a_committee_prunes_every_member(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    committee = _randomize_bn(nets.build("signnet", MEAN, STD, 32, width=8, members=2)).eval()
+    report = prune.prune_filters(committee, 0.5, "l1")
+    assert report.channels_before == [8, 8, 16, 16, 32, 32] * 2
+    assert report.channels_after == [4, 4, 8, 8, 16, 16] * 2
+    x = torch.rand(3, 3, 32, 32)
+    with torch.no_grad():
+        out = committee(x)
+    assert out.shape == (3, 43) and torch.isfinite(out).all()
+    like = {"arch": nets.arch_kwargs("signnet", 32, 8, 0.2, members=2), "mean": MEAN, "std": STD, "classes": []}
+    save_model(tmp_path / "pruned.pt", committee, like)
+    reloaded, _ = load_model(tmp_path / "pruned.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), out)

@@ -187,3 +187,22 @@ def test_logit_adjustment_lets_a_rare_class_win_back_its_share(project: Path) ->
     plain, adjusted = rare_share(0.0), rare_share(1.0)
     assert plain < 0.3
     assert adjusted > plain + 0.15
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])  # sgd also catches a mis-scaled member gradient
+def test_each_committee_member_learns_exactly_as_it_would_alone(project: Path, optimizer: str) -> None:
+    """model.members = 2: member 0 is built first from the same seed and sees the same batches and dropout
+    draws, and its gradient comes from its own loss only, so it ends with the single network's weights."""
+    train.run(train_params(checkpoint_every=0, optimizer=optimizer))
+    alone = weights()
+    single_parameters = json.loads(Path("reports/train/metrics.json").read_text())["parameters"]
+    raw = train_params(checkpoint_every=0, optimizer=optimizer).model_dump(mode="json")
+    raw["model"]["members"] = 2
+    train.run(parse_params(raw))
+    payload = torch.load(train.MODEL_PATH, map_location="cpu", weights_only=True)
+    assert payload["arch"]["members"] == 2
+    committee = payload["state_dict"]
+    for name, tensor in alone.items():
+        torch.testing.assert_close(committee[f"members.0.{name}"], tensor, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(committee["members.1.features.0.weight"], alone["features.0.weight"])
+    assert json.loads(Path("reports/train/metrics.json").read_text())["parameters"] == 2 * single_parameters

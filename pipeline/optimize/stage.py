@@ -182,20 +182,23 @@ def finetune(
             lr = cfg.finetune_lr * 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
             for group in optim.param_groups:
                 group["lr"] = lr
-            logits = model(b.images)
-            loss = F.cross_entropy(logits, b.labels, label_smoothing=params.train.label_smoothing)
+            # A committee's members are stacked along the batch; each learns at the rate it would alone.
+            logits, labels = nets.member_loss_inputs(model(b.images), b.labels)
+            members = len(labels) // len(b.labels)
+            loss = F.cross_entropy(logits, labels, label_smoothing=params.train.label_smoothing)
             if teacher is not None and cfg.finetune_distill > 0:
                 with torch.no_grad():
-                    target = F.log_softmax(teacher(b.images) / DISTILL_TEMPERATURE, dim=1)
+                    target = F.log_softmax(teacher(b.images) / DISTILL_TEMPERATURE, dim=1).repeat(members, 1)
                 distill = F.kl_div(
                     F.log_softmax(logits / DISTILL_TEMPERATURE, dim=1), target, log_target=True, reduction="batchmean"
                 ) * (DISTILL_TEMPERATURE**2)
                 loss = (1 - cfg.finetune_distill) * loss + cfg.finetune_distill * distill
+            loss = loss * members
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
             step += 1
-            epoch_loss += float(loss.detach()) * len(b.labels)
+            epoch_loss += float(loss.detach()) / members * len(b.labels)
             seen += len(b.labels)
         if log is not None:
             log({"finetune_loss": epoch_loss / max(1, seen)}, loader.epoch)
