@@ -37,7 +37,7 @@ def _masked(model: nn.Module, amount: float, norm: str) -> nn.Module:
     for conv, bn in zip(layers[::2], layers[1::2], strict=True):
         assert isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)
         n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
-        keep = torch.topk(prune.filter_norms(conv, norm), n_keep).indices  # type: ignore[arg-type]
+        keep = torch.topk(prune.filter_norms(conv, norm, bn), n_keep).indices  # type: ignore[arg-type]
         drop = torch.ones(conv.out_channels, dtype=torch.bool)
         drop[keep] = False
         bn.weight[drop] = 0.0
@@ -362,8 +362,8 @@ def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) 
     pruned = copy.deepcopy(teacher)
     prune.prune_filters(pruned, 0.5, "l1")
     before = gap(pruned)
-    distilled = finetune(copy.deepcopy(pruned), _params(finetune_epochs=3, finetune_distill=1.0), teacher=teacher)
-    labels_only = finetune(copy.deepcopy(pruned), _params(finetune_epochs=3, finetune_distill=0.0), teacher=teacher)
+    distilled = finetune(copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_distill=1.0), teacher=teacher)
+    labels_only = finetune(copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_distill=0.0), teacher=teacher)
     assert gap(distilled) < 0.5 * before
     assert gap(distilled) < gap(labels_only)
 
@@ -383,3 +383,24 @@ def test_pruning_a_committee_prunes_every_member(tmp_path: Path) -> None:
     reloaded, _ = load_model(tmp_path / "pruned.pt")
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), out)
+
+
+def test_filters_are_ranked_with_their_batchnorm_scale_folded_in() -> None:
+    """BN divides a filter's own scale out, so the raw weight norm says nothing about what the channel
+    contributes: a big filter that BN scales down to nothing goes first, a small one BN scales up stays."""
+    torch.manual_seed(0)
+    model = _randomize_bn(nets.build("signnet", MEAN, STD, 32, width=8))
+    conv, bn = model.features[0], model.features[1]  # type: ignore[index]
+    assert isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)
+    with torch.no_grad():  # BN's running variance follows its filter's scale, as training makes it
+        conv.weight[0] *= 100.0
+        bn.running_var[0] *= 100.0**2
+        bn.weight[0] = 1e-4
+        conv.weight[1] *= 0.01
+        bn.running_var[1] *= 0.01**2
+        bn.weight[1] = 50.0
+    raw, folded = prune.filter_norms(conv, "l1"), prune.filter_norms(conv, "l1", bn)
+    assert raw.argmax() == 0 and raw.argmin() == 1
+    assert folded.argmin() == 0 and folded.argmax() == 1
+    prune.prune_filters(model, 0.125, "l1")  # 1 of 8 filters of each conv: channel 0 of the first
+    assert bn.num_features == 7 and float(bn.weight.min()) > 0.4 and float(bn.weight.max()) == 50.0

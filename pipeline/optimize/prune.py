@@ -1,6 +1,11 @@
 """Structured pruning: remove whole convolution filters (smallest L1/L2 norm) and the matching input
 channels of the next layer, so the pruned network is really smaller and faster (not a masked copy).
 
+A filter followed by BatchNorm is ranked by the norm of the filter with the BN scale folded in
+(|gamma| / sqrt(var + eps) x weight): BN makes the raw weight's norm meaningless (it divides it out), and
+ranking by it removed filters that BN had scaled up - on the default model, cutting 25 % by raw norm
+left 6 % accuracy.
+
 Works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution feeds
 exactly the next convolution or, after the last one, the classifier's Linear (through global average
 pooling, or a Flatten of C x H x W features). Networks with branches are out of scope.
@@ -21,8 +26,12 @@ class PruneReport:
     channels_after: list[int]
 
 
-def filter_norms(conv: nn.Conv2d, norm: Literal["l1", "l2"]) -> torch.Tensor:
+def filter_norms(conv: nn.Conv2d, norm: Literal["l1", "l2"], bn: nn.BatchNorm2d | None = None) -> torch.Tensor:
+    """Each filter's norm; with the following BatchNorm, of the filter as folded into the conv."""
     flat = conv.weight.detach().flatten(1)
+    if bn is not None and bn.running_var is not None:
+        gamma = bn.weight.detach() if bn.weight is not None else torch.ones_like(bn.running_var)
+        flat = flat * (gamma.abs() / torch.sqrt(bn.running_var + bn.eps)).unsqueeze(1)
     return flat.abs().sum(1) if norm == "l1" else flat.pow(2).sum(1).sqrt()
 
 
@@ -80,7 +89,9 @@ def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "
     keeps = {}
     for i, conv in convs:
         n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
-        keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm), n_keep).indices).values
+        following = layers[i + 1] if i + 1 < len(layers) else None
+        bn = following if isinstance(following, nn.BatchNorm2d) else None
+        keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm, bn), n_keep).indices).values
     before, after = [], []
     for i, conv in convs:
         keep, out = keeps[i], conv.out_channels
