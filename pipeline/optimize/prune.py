@@ -79,6 +79,11 @@ def _keep_inputs(layer: nn.Module, keep: torch.Tensor, channels: int) -> None:
     layer.in_features = len(columns)
 
 
+def _bn_after(layers: list[nn.Module], i: int) -> nn.BatchNorm2d | None:
+    following = layers[i + 1] if i + 1 < len(layers) else None
+    return following if isinstance(following, nn.BatchNorm2d) else None
+
+
 def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1") -> PruneReport:
     """Remove round(amount x out_channels) filters from every convolution, in place (keeps >= 1)."""
     if not 0.0 <= amount < 1.0:
@@ -89,19 +94,17 @@ def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "
     keeps = {}
     for i, conv in convs:
         n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
-        following = layers[i + 1] if i + 1 < len(layers) else None
-        bn = following if isinstance(following, nn.BatchNorm2d) else None
-        keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm, bn), n_keep).indices).values
+        keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm, _bn_after(layers, i)), n_keep).indices).values
     before, after = [], []
     for i, conv in convs:
         keep, out = keeps[i], conv.out_channels
         consumer = next((m for m in layers[i + 1 :] if isinstance(m, nn.Conv2d | nn.Linear)), None)
         if consumer is None:
             raise ValueError("a convolution with no following layer cannot be pruned")
-        bn = layers[i + 1] if isinstance(layers[i + 1], nn.BatchNorm2d) else None
+        bn = _bn_after(layers, i)
         _keep_outputs(conv, keep)
         if bn is not None:
-            _keep_bn(bn, keep)  # type: ignore[arg-type]
+            _keep_bn(bn, keep)
         _keep_inputs(consumer, keep, out)
         before.append(out)
         after.append(len(keep))
