@@ -200,12 +200,13 @@ class OptimizeConfig(Section):
     max_accuracy_drop: float = Field(0.005, ge=0.0, le=1.0)
     """Accept a variant only when its test top-1 is at most this below the fp32 model's (0.005 = 0.5 points)."""
     prune_amount: float = Field(0.25, ge=0.0, lt=1.0)
-    """Fraction of the filters removed from every convolution (whole filters, smallest norm); 0 = no pruning."""
+    """Fraction of the filters removed from every convolution (whole filters, smallest norm with the
+    following BatchNorm's scale folded in); 0 = no pruning."""
     prune_norm: Literal["l1", "l2"] = "l1"
     """Norm that ranks the filters of a convolution for pruning."""
     finetune_epochs: int = Field(1, ge=0, le=100)
     """Epochs of fine-tuning after pruning (augmentation as in `train`)."""
-    finetune_lr: float = Field(0.001, gt=0.0, le=10.0)
+    finetune_lr: float = Field(0.003, gt=0.0, le=10.0)
     """Peak AdamW learning rate of the fine-tune (cosine decay to zero)."""
     finetune_batch_size: int = Field(128, ge=1, le=65536)
     calibration_images: int = Field(512, ge=1, le=100000)
