@@ -61,3 +61,22 @@ def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, di
         assert npz["images"].shape[1:] == (24, 24, 3)
     metrics = _run([*dvc, "metrics", "show"], work, env)
     assert "test_images" in metrics
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs the project's git checkout")
+def test_every_dvc_output_is_git_ignored_and_the_folders_exist() -> None:
+    """Data, weights and reports never reach git: every path dvc.yaml writes is ignored, while data/ and
+    models/ themselves (with their READMEs) are part of the checkout."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    outputs: set[str] = set()
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []):
+                outputs.add(next(iter(entry)) if isinstance(entry, dict) else entry)
+    assert {"data/prepared", "models/model.pt", "models/variants"} <= outputs
+    probe = subprocess.run(
+        ["git", "check-ignore", "--no-index", *sorted(outputs)], cwd=REPO, capture_output=True, text=True
+    )
+    assert set(probe.stdout.split()) == outputs
+    tracked = subprocess.run(["git", "ls-files", "data", "models"], cwd=REPO, capture_output=True, text=True)
+    assert tracked.stdout.split() == ["data/README.md", "models/README.md"]
