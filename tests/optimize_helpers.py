@@ -36,23 +36,24 @@ def write_prepared(root: Path, size: int = 16, n_train: int = 430, n_test: int =
     return prepared
 
 
-def write_model(root: Path, size: int = 16, width: int = 8, steps: int = 80, seed: int = 0) -> Path:
-    """models/model.pt in the train stage's format, fitted for `steps` full-batch steps on train.npz."""
+def write_model(root: Path, size: int = 16, width: int = 8, steps: int = 80, seed: int = 0, members: int = 1) -> Path:
+    """models/model.pt in the train stage's format, fitted for `steps` full-batch steps on train.npz
+    (a committee of `members` networks when more than one)."""
     torch.manual_seed(seed)
-    model = nets.build("signnet", MEAN, STD, size, width=width, dropout=0.0)
+    model = nets.build("signnet", MEAN, STD, size, width=width, dropout=0.0, members=members)
     with np.load(root / "data" / "prepared" / "train.npz") as arrays:
         x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
         y = torch.from_numpy(arrays["labels"]).long()
     optim = torch.optim.Adam(model.parameters(), lr=0.02)
     for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(*nets.member_loss_inputs(model(x), y))
         optim.zero_grad()
         loss.backward()
         optim.step()
     path = root / "models" / "model.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "arch": nets.arch_kwargs("signnet", size, width, 0.0, 43),
+        "arch": nets.arch_kwargs("signnet", size, width, 0.0, 43, members=members),
         "mean": MEAN,
         "std": STD,
         "classes": CLASSES,
