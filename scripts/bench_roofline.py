@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ def rate(fn: Callable[[], object], seconds: float) -> float:
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore", category=UserWarning)  # torch's notices about oneDNN TF32 flags
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path("models/variants/fp32.pt"))
     parser.add_argument("--onnx", type=Path, nargs="*", default=None, help="default: models/variants/*-onnx.onnx")
