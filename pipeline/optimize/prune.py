@@ -2,9 +2,9 @@
 channels of the next layer, so the pruned network is really smaller and faster (not a masked copy).
 
 A filter followed by BatchNorm is ranked by the norm of the filter with the BN scale folded in
-(|gamma| / sqrt(var + eps) x weight): BN makes the raw weight's norm meaningless (it divides it out), and
-ranking by it removed filters that BN had scaled up - on the default model, cutting 25 % by raw norm
-left 6 % accuracy.
+(|gamma| / sqrt(var + eps) x weight): BN divides the raw weight's scale out, so ranking by the raw norm
+removes filters that BN scales up. Measured on the GTSRB committee (README): halving the filters then
+fine-tuning cost 6.5 points with this ranking (and the fine-tune's learning rate raised), 18.6 before.
 
 Works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution feeds
 exactly the next convolution or, after the last one, the classifier's Linear (through global average
