@@ -365,8 +365,12 @@ def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) 
     pruned = copy.deepcopy(teacher)
     prune.prune_filters(pruned, 0.5, "l1")
     before = gap(pruned)
-    distilled = finetune(copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_distill=1.0), teacher=teacher)
-    labels_only = finetune(copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_distill=0.0), teacher=teacher)
+    distilled = finetune(
+        copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_lr=0.001, finetune_distill=1.0), teacher=teacher
+    )
+    labels_only = finetune(
+        copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_lr=0.001, finetune_distill=0.0), teacher=teacher
+    )
     assert gap(distilled) < 0.5 * before
     assert gap(distilled) < gap(labels_only)
 
