@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeline import nets
 from pipeline.config import parse_params
 from pipeline.data.loader import Manifest, Split, TrainLoader, load_manifest, load_split
 from pipeline.train import Dist, augment_config, build_model, make_optimizer, wrap_model
@@ -53,7 +54,7 @@ def get_data(path: Path) -> tuple[Split, Manifest, str]:
 def params_for(args: argparse.Namespace, **train: Any) -> Any:
     return parse_params(
         {
-            "model": {"name": args.model, "width": args.width},
+            "model": {"name": args.model, "width": args.width, "members": args.members},
             "train": {"batch_size": args.batch, **train},
             "tracking": {"enabled": False},
         }
@@ -94,7 +95,8 @@ def time_loop(args: argparse.Namespace, split: Split, manifest: Manifest, mode: 
             continue
         with amp:
             logits = fn(batch.images)
-        loss = F.cross_entropy(logits.float(), batch.labels, reduction="sum") * (d.world / batch.global_size)
+        flat_logits, flat_labels = nets.member_loss_inputs(logits.float(), batch.labels)  # a committee: every member
+        loss = F.cross_entropy(flat_logits, flat_labels, reduction="sum") * (d.world / batch.global_size)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
@@ -136,6 +138,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("data/prepared"))
     ap.add_argument("--model", default="signnet", choices=["signnet", "trafficsignnet"])
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--members", type=int, default=1, help="committee size (params.yaml's default is 2)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -178,6 +181,7 @@ def main() -> None:
         "data": source,
         "model": args.model,
         "width": args.width,
+        "members": args.members,
         "batch_size": args.batch,
         "threads": args.threads,
         "torch": torch.__version__,
