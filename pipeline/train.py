@@ -137,18 +137,16 @@ def augment_config(params: Params) -> AugmentConfig:
     )
 
 
-def build_model(params: Params, manifest: Manifest) -> nn.Module:
-    return nets.build(
-        params.model.name,
-        manifest.mean,
-        manifest.std,
-        manifest.image_size,
-        width=params.model.width,
-        dropout=params.model.dropout,
-        num_classes=len(manifest.classes),
-        input_norm=params.model.input_norm,
-        members=params.model.members,
+def model_arch(params: Params, manifest: Manifest) -> dict[str, object]:
+    """The network's description, saved with the weights: the one record both building and loading use."""
+    m = params.model
+    return nets.arch_kwargs(
+        m.name, manifest.image_size, m.width, m.dropout, len(manifest.classes), m.input_norm, m.members
     )
+
+
+def build_model(params: Params, manifest: Manifest) -> nn.Module:
+    return nets.build_from_arch(model_arch(params, manifest), manifest.mean, manifest.std)
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -390,15 +388,7 @@ def worker(
     if d.main:
         MODELS_DIR.mkdir(parents=True, exist_ok=True)
         payload = {
-            "arch": nets.arch_kwargs(
-                params.model.name,
-                manifest.image_size,
-                params.model.width,
-                params.model.dropout,
-                len(manifest.classes),
-                params.model.input_norm,
-                params.model.members,
-            ),
+            "arch": model_arch(params, manifest),
             "mean": manifest.mean,
             "std": manifest.std,
             "classes": manifest.classes,
