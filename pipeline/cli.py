@@ -1,6 +1,8 @@
 """`pipeline` command: one subcommand per stage. Loads and validates params, calls the stage's run().
 
-No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries.
+No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
+(pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve, pipeline/monitor.py).
+`pipeline bench train|roofline|serve` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import NoReturn
 import typer
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, Params, load_params, set_params
+from pipeline.config import ConfigError, Params, load_params
 from pipeline.errors import StageError
 
 app = typer.Typer(
@@ -50,7 +52,7 @@ def _load(params_path: Path, section: str = "", overrides: dict[str, object] | N
 def _run_stage(module: str, params_path: Path, serve_overrides: dict[str, object] | None = None) -> None:
     """Validate params, import the stage lazily (importing `pipeline` stays fast), run it."""
     params = _load(params_path, "serve", serve_overrides)
-    stage = importlib.import_module(f"pipeline.{module}")
+    stage = importlib.import_module(module if "." in module else f"pipeline.stages.{module}")
     try:
         stage.run(params)
     except StageError as exc:
@@ -93,7 +95,7 @@ def compare(
     output: Path | None = typer.Option(None, "--output", "-o", help="Also write the markdown table here."),
 ) -> None:
     """Merge benchmark reports of several machines into one table with ratios against each baseline."""
-    from pipeline.benchmark import compare as merge_reports
+    from pipeline.stages.benchmark import compare as merge_reports
 
     try:
         table = merge_reports(reports)
@@ -115,20 +117,6 @@ def containerize(params: Path = ParamsOption) -> None:
 def deploy(params: Path = ParamsOption) -> None:
     """Run the image, smoke-test it through the API on real test images."""
     _run_stage("deploy", params)
-
-
-@app.command("set-params")
-def set_params_command(
-    assignments: list[str] = typer.Argument(..., help="SECTION.KEY=VALUE (YAML value), e.g. train.epochs=2."),
-    params: Path = ParamsOption,
-) -> None:
-    """Change parameters in params.yaml in place (comments kept), validated first: for one-off runs such as CI's."""
-    try:
-        set_params(params, assignments)
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
-    typer.echo(f"{params}: set {', '.join(a.split('=', 1)[0] for a in assignments)}")
 
 
 @app.command()
@@ -168,7 +156,43 @@ def serve(
         "max_batch_size": max_batch_size,
         "threads": threads,
     }
-    _run_stage("serve", params, overrides)
+    _run_stage("pipeline.serve", params, overrides)
+
+
+bench = typer.Typer(help="Benchmarks measured side by side in one run (ratios; see each tool's --help).")
+app.add_typer(bench, name="bench")
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _tool(module: str, ctx: typer.Context) -> None:
+    """Run a tool's argparse main() with the remaining command-line arguments."""
+    code = importlib.import_module(module).main(list(ctx.args))
+    if code:
+        raise typer.Exit(code=int(code))
+
+
+@bench.command("train", context_settings=PASS_THROUGH)
+def bench_train(ctx: typer.Context) -> None:
+    """Training throughput: loader, step, eager vs compile vs bf16, 1 vs 2 processes (DDP, FSDP)."""
+    _tool("pipeline.bench.train", ctx)
+
+
+@bench.command("roofline", context_settings=PASS_THROUGH)
+def bench_roofline(ctx: typer.Context) -> None:
+    """How close each runtime gets to this CPU's matrix-multiply rate (GFLOP/s)."""
+    _tool("pipeline.bench.roofline", ctx)
+
+
+@bench.command("serve", context_settings=PASS_THROUGH)
+def bench_serve(ctx: typer.Context) -> None:
+    """Load-test the server (batching, no batching, the Arm learning-path reference) on loopback."""
+    _tool("pipeline.bench.serve", ctx)
+
+
+@app.command("image-context", context_settings=PASS_THROUGH)
+def image_context(ctx: typer.Context) -> None:
+    """Stage the server image's build context for several platforms (release.yml's buildx build)."""
+    _tool("pipeline.ship.image_context", ctx)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import MONITOR_URL_ENV, PREPARED_DIR, REPORTS_DIR, MonitorConfig, Params
+from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split
+from pipeline.client import http, png_multipart, top1
+from pipeline.config import MONITOR_URL_ENV, MonitorConfig, Params
 from pipeline.console import log
 from pipeline.errors import StageError
-from pipeline.ship.smoke import http, png_multipart, top1
 
 REPORT_DIR = REPORTS_DIR / "monitor"
 COUNTERS = ("inference_requests", "inference_errors")  # the server's Prometheus counters (pipeline/serve/app.py)
@@ -64,8 +66,8 @@ def labelled_images(params: Params) -> tuple[np.ndarray, np.ndarray]:
             raise StageError(
                 f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: gtsrb with GTSRB_ROOT"
             )
-        with np.load(path) as npz:
-            images, labels = npz["images"][:limit], npz["labels"][:limit].astype(np.int64)
+        test = read_split("test", PREPARED_DIR)
+        images, labels = test.images[:limit], test.labels[:limit].astype(np.int64)
     else:
         from pipeline.data.gtsrb import read_test_split
         from pipeline.preprocess import BadImage, open_image, to_array

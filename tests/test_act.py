@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, write_synthetic_gtsrb
+from tests.helpers import REPO
+from tests.helpers.gtsrb import write_synthetic_gtsrb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -46,7 +47,7 @@ def test_ci_workflow_runs_under_act(tmp_path: Path) -> None:
     assert "Job succeeded" in log and "Job failed" not in log
     assert "Success - Main Lint, type-check and test" in log
     junit = (tmp_path / "ci" / "junit-ubuntu-latest" / "junit.xml").read_text()
-    assert 'failures="0"' in junit and 'errors="0"' in junit and "test_set_params" in junit
+    assert 'failures="0"' in junit and 'errors="0"' in junit and "test_params_yaml_and_the_config_defaults_are_one_set" in junit
 
 
 def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, write_synthetic_gtsrb
+from tests.helpers import REPO
+from tests.helpers.gtsrb import write_synthetic_gtsrb
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,9 @@ import yaml
 from pipeline import monitor
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
-from tests.conftest import REPO
-from tests.serve.conftest import Server, _free_port, start_server
+from pipeline.ports import free_port
+from tests.helpers import REPO
+from tests.helpers.server import Server, start_server
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def test_failing_requests_are_an_error_rate_breach(tiny_project: Path, project: 
 
 def test_unreachable_server_is_one_clear_line(project: Path) -> None:
     params_for(project, images=4)
-    result = cli("--url", f"http://127.0.0.1:{_free_port()}", cwd=project)
+    result = cli("--url", f"http://127.0.0.1:{free_port()}", cwd=project)
     assert result.returncode == 2
     assert result.stderr.startswith("error: monitor: cannot reach the server at http://127.0.0.1:")
     assert "Traceback" not in result.stderr

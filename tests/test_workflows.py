@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 

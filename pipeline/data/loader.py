@@ -17,7 +17,6 @@ No horizontal flips: mirroring changes the meaning of many signs.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.artifacts.prepared import PREPARED_DIR, SplitArrays, read_split
+from pipeline.config import AugmentParams
 from pipeline.errors import StageError
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -41,48 +40,18 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-
-@dataclass(frozen=True)
-class Manifest:
-    image_size: int
-    mean: list[float]
-    std: list[float]
-    classes: list[str]
-
-
-def load_manifest(prepared: Path) -> Manifest:
-    path = prepared / "manifest.json"
-    if not path.exists():
-        raise StageError(f"{path} not found: run `pipeline prepare` first")
-    try:
-        raw = json.loads(path.read_text())
-        return Manifest(
-            image_size=int(raw["image_size"]),
-            mean=[float(v) for v in raw["mean"]],
-            std=[float(v) for v in raw["std"]],
-            classes=[str(c) for c in raw.get("classes", [str(i) for i in range(43)])],
+    @classmethod
+    def of(cls, arrays: SplitArrays) -> Split:
+        """A prepared split (artifacts.prepared) as tensors, without copying the pixels."""
+        return cls(
+            images=torch.from_numpy(arrays.images).permute(0, 3, 1, 2),
+            labels=torch.from_numpy(arrays.labels.astype(np.int64)),
         )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StageError(f"{path} is not a valid manifest ({exc})") from None
 
 
-def load_split(prepared: Path, split: str) -> Split:
-    """Read one split's arrays once; images stay uint8 until a batch is taken."""
-    path = prepared / f"{split}.npz"
-    if not path.exists():
-        raise StageError(f"{path} not found: run `pipeline prepare` first")
-    try:
-        with np.load(path) as arrays:
-            images = np.ascontiguousarray(arrays["images"])
-            labels = np.asarray(arrays["labels"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise StageError(f"{path} cannot be read ({exc}); rerun `pipeline prepare`") from None
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3 or len(images) != len(labels):
-        raise StageError(f"{path}: expected uint8 images [N, H, W, 3] and N labels, got {images.shape}")
-    return Split(
-        images=torch.from_numpy(images).permute(0, 3, 1, 2),
-        labels=torch.from_numpy(labels.astype(np.int64)),
-    )
+def load_split(split: str, prepared: Path = PREPARED_DIR) -> Split:
+    """Read one prepared split once; images stay uint8 until a batch is taken."""
+    return Split.of(read_split(split, prepared))
 
 
 def _mix(*values: int) -> int:
@@ -103,6 +72,21 @@ class AugmentConfig:
     brightness: float = 0.3
     contrast: float = 0.3
     saturation: float = 0.3
+
+    @classmethod
+    def of(cls, params: AugmentParams) -> AugmentConfig:
+        """The `augment` params section (shared by train and optimize's fine-tune) as sampling ranges."""
+        if not params.enabled:
+            return cls(0.0, 0.0, (1.0, 1.0), 0.0, 0.0, 0.0, 0.0)
+        return cls(
+            degrees=params.rotation,
+            translate=params.translate,
+            scale=(1 - params.scale, 1 + params.scale),
+            shear=params.shear,
+            brightness=params.color_jitter,
+            contrast=params.color_jitter,
+            saturation=params.color_jitter,
+        )
 
     @property
     def enabled(self) -> bool:

@@ -1,9 +1,2 @@
-"""The optimize stage: pruning, int8 quantization and ONNX export of the trained model (see stage.py)."""
-
-from pipeline.config import Params
-
-
-def run(params: Params) -> None:
-    from pipeline.optimize.stage import run as run_stage
-
-    run_stage(params)
+"""Libraries of the optimize stage (pipeline/stages/optimize.py): pruning, fine-tuning with distillation,
+int8 quantization, ONNX export, and making + judging the candidate variants."""

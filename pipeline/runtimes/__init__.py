@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.artifacts.variants import ModelManifest, Variant, read_manifest
 from pipeline.errors import StageError
 from pipeline.runtimes.base import BACKENDS, ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Runtime
-from pipeline.runtimes.manifest import ModelManifest, Variant, read_manifest
 
 __all__ = [
     "BACKENDS",

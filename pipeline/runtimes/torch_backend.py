@@ -8,8 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.artifacts import model as model_file
 from pipeline.runtimes.base import TORCH_COMPILE, TORCH_EAGER, check_batch
-from pipeline.runtimes.torch_models import load_exported, load_model
+from pipeline.runtimes.torch_models import load_exported
 
 
 class TorchRuntime:
@@ -29,7 +30,7 @@ class TorchRuntime:
         self.name = backend
         self.variant = variant
         self.image_size = image_size
-        module: nn.Module = load_exported(path) if fmt == "torch-export" else load_model(path)[0]
+        module: nn.Module = load_exported(path) if fmt == "torch-export" else model_file.read(path)[0]
         self.dtype = next(iter(module.state_dict().values())).dtype
         if self.dtype not in (torch.float32, torch.bfloat16):
             self.dtype = torch.float32

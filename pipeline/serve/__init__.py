@@ -1,8 +1,10 @@
-"""The inference server stage: `pipeline serve` loads the chosen variant and serves it with uvicorn."""
+"""The inference server: `pipeline serve` loads the chosen variant and serves it with uvicorn (a command, not a
+DVC stage; the container image runs it)."""
 
 from __future__ import annotations
 
-from pipeline.config import MODELS_DIR, Params
+from pipeline.artifacts import MODELS_DIR
+from pipeline.config import Params
 from pipeline.console import log
 
 

@@ -3,18 +3,16 @@ interface (pipeline.runtimes, the same one the benchmark stage times), plus what
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.artifacts import serving as serving_file
+from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
 from pipeline.errors import StageError
-
-DEFAULT_VARIANT = "fp32-onnx"
-SERVING_CHOICE = "serving.json"  # written by the benchmark stage: {"variant": ..., "backend": ...}
 
 
 @dataclass(frozen=True)
@@ -33,35 +31,22 @@ class ServedModel:
         return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def serving_choice(models_dir: Path) -> tuple[str, str | None] | None:
-    """The benchmark stage's (variant, backend) from models/serving.json; None when it has not run."""
-    choice_file = models_dir / SERVING_CHOICE
-    if not choice_file.is_file():
-        return None
-    try:
-        choice = json.loads(choice_file.read_text())
-        backend = choice.get("backend")
-        return str(choice["variant"]), None if backend is None else str(backend)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise StageError(f"{choice_file} is not a valid serving choice (expected variant and backend)") from None
-
-
 def choose_variant(models_dir: Path, config: ServeConfig) -> tuple[str, str]:
     """serve.variant/backend, or for `auto` the benchmark stage's choice, else the fp32 ONNX model."""
     if config.variant != "auto":
         return config.variant, config.backend
-    choice = serving_choice(models_dir)
+    choice = serving_file.read(models_dir)
     if choice is None:
-        return DEFAULT_VARIANT, config.backend
-    return choice[0], choice[1] or config.backend
+        return serving_file.FALLBACK_VARIANT, config.backend
+    return choice.variant, choice.backend or config.backend
 
 
 def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
     from pipeline.runtimes import open_runtime, read_manifest
 
-    if not (models_dir / "manifest.json").is_file():
+    if not (models_dir / MANIFEST_NAME).is_file():
         raise StageError(
-            f"no model to serve: {models_dir / 'manifest.json'} is missing; run the pipeline up to the "
+            f"no model to serve: {models_dir / MANIFEST_NAME} is missing; run the pipeline up to the "
             "optimize stage first (dvc repro optimize)"
         )
     manifest = read_manifest(models_dir)

@@ -159,7 +159,7 @@ class ModelChoice:
 
 def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     """The ONNX variant to ship: `wanted`, or for `auto` the benchmark's choice when it is ONNX, else fp32-onnx."""
-    from pipeline.runtimes import read_manifest
+    from pipeline.artifacts.variants import read_manifest
 
     if not (models_dir / "manifest.json").is_file():
         raise StageError(
@@ -170,13 +170,13 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     accepted = {v.name: v for v in manifest.variants if v.accepted}
     variant = wanted
     if wanted == "auto":
-        from pipeline.serve.model import DEFAULT_VARIANT, serving_choice
+        from pipeline.artifacts import serving as serving_file
 
         try:
-            choice = serving_choice(models_dir)
+            choice = serving_file.read(models_dir)
         except StageError:
             choice = None  # an unreadable choice: ship the default rather than fail the build
-        variant = choice[0] if choice and choice[0] in ONNX_VARIANTS else DEFAULT_VARIANT
+        variant = choice.variant if choice and choice.variant in ONNX_VARIANTS else serving_file.FALLBACK_VARIANT
     if variant not in ONNX_VARIANTS:
         raise StageError(
             f"containerize.variant {variant!r}: the server image runs ONNX Runtime only; use one of "

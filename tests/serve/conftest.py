@@ -2,99 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
-import numpy as np
 import pytest
-import yaml
 
-from tests.conftest import REPO
-
-
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen[bytes]
-    models_dir: Path
-    test_images: np.ndarray  # uint8 [N, S, S, 3], already cropped/resized like training
-    classes: list[str]
-    max_body: int
-
-    @property
-    def image_size(self) -> int:
-        return int(self.test_images.shape[1])
-
-    def direct_probabilities(self, batch: np.ndarray) -> np.ndarray:
-        """The same variant run in this process through the shared runtime interface."""
-        from pipeline.runtimes import open_runtime
-
-        logits = open_runtime(self.models_dir, "fp32-onnx", "onnxruntime").predict(batch)
-        e = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(models_dir: Path, tmp_path: Path, serve: dict[str, Any]) -> Server:
-    """Start `pipeline serve` in a fresh project folder whose models/ is `models_dir`."""
-    work = tmp_path / f"serve-{time.monotonic_ns()}"
-    work.mkdir()
-    (work / "models").symlink_to(models_dir)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    port = _free_port()
-    params["serve"] = {"port": port, "max_body_bytes": 256 * 1024, "variant": "fp32-onnx", **serve}
-    params["tracking"] = {"enabled": False}
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve"],
-        cwd=work,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("server not ready within 90 s")
-        time.sleep(0.2)
-    with np.load(models_dir.parent / "data" / "prepared" / "test.npz") as npz:
-        images = npz["images"]
-    from pipeline.runtimes import read_manifest
-
-    classes = list(read_manifest(models_dir).classes)
-    return Server(url, process, models_dir, images, classes, int(params["serve"]["max_body_bytes"]))
+from tests.helpers.server import Server, start_server
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.serve.conftest import Server, start_server
+from tests.helpers.server import Server, start_server
 
 
 def png(pixels: np.ndarray) -> bytes:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import ConfigError, Params, parse_params
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 TEST_IMAGE = "gtsrb-server-test"
 DEFAULT_TEST_BASE = "local/python:3.11-slim-bookworm"
@@ -87,8 +87,8 @@ def make_project(root: Path) -> Path:
     """A project folder with data/prepared (tiny synthetic), models/ from the real stages, params.yaml."""
     import yaml
 
-    from pipeline import evaluate, train
-    from tests.conftest_train import write_prepared
+    from pipeline.stages import evaluate, train
+    from tests.helpers.prepared import write_prepared
 
     root.mkdir(parents=True, exist_ok=True)
     params = ship_params()
@@ -97,7 +97,7 @@ def make_project(root: Path) -> Path:
     with chdir(root):
         train.run(params)
         evaluate.run(params)
-        from pipeline import optimize
+        from pipeline.stages import optimize
 
         optimize.run(params)
     return root
@@ -123,7 +123,7 @@ def build_image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     engine = engine_or_skip()
     project = make_project(tmp_path_factory.mktemp("ship") / "project")
     params = ship_params()
-    from pipeline import containerize
+    from pipeline.stages import containerize
 
     with chdir(project):
         containerize.run(params)
@@ -143,12 +143,9 @@ def docker(*args: str, check: bool = True, timeout: float = 300) -> subprocess.C
 @pytest.fixture(scope="session")
 def local_registry() -> Iterator[str]:
     """A registry on 127.0.0.1 (docker/registry-up.sh: Debian's docker-registry), stopped afterwards."""
-    import socket
+    from pipeline.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(
         ["bash", str(REPO / "docker" / "registry-up.sh"), address], capture_output=True, text=True, check=False
     )

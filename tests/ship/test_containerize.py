@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, parse_params
 from pipeline.errors import StageError
 from pipeline.ship import context as ctx
 from pipeline.ship.engine import NoEngine, find_engine
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.ship.conftest import TEST_IMAGE, Image, docker
 
 MAX_IMAGE_MB = 400
@@ -189,7 +189,7 @@ def test_image_has_no_training_stack_and_no_compilers(built_image: Image) -> Non
 
 @pytest.mark.docker
 def test_rebuild_with_nothing_changed_is_fully_cached(built_image: Image) -> None:
-    from pipeline import containerize
+    from pipeline.stages import containerize
     from tests.ship.conftest import chdir
 
     with chdir(built_image.project):

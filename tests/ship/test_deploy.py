@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from pipeline.client import http as request
+from pipeline.client import infer_fp32, predict_png
 from pipeline.ship import container
-from pipeline.ship.smoke import http as request
-from pipeline.ship.smoke import infer_fp32, predict_png
 from tests.ship.conftest import Image, chdir, docker
 
 pytestmark = pytest.mark.docker
@@ -128,7 +128,7 @@ def test_docker_stop_is_prompt_and_clean(built_image: Image) -> None:
 
 
 def test_deploy_stage_local(built_image: Image) -> None:
-    from pipeline import deploy
+    from pipeline.stages import deploy
 
     with chdir(built_image.project):
         deploy.run(built_image.params)
@@ -145,8 +145,8 @@ def test_push_pull_by_digest_and_run(
     running: container.Running,
 ) -> None:
     """The registry target, for real: push, delete the local image, pull it back by digest, smoke-test it."""
-    from pipeline import deploy
     from pipeline.config import DeployConfig
+    from pipeline.stages import deploy
 
     engine = built_image.engine
     container.remove(engine, running.name)  # the module's container holds the image: done with it

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 K8S = REPO / "deploy" / "k8s"
 # Kubernetes releases to check against: the oldest still common and the newest bundled.

@@ -1,0 +1,44 @@
+"""reports/evaluate/predictions.json: evaluate's class for every test image, in the prepared test split's order;
+deploy requires the served model's answers through the API to match them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts._files import read_model, write_model
+
+PREDICTIONS_PATH = REPORTS_DIR / "evaluate" / "predictions.json"
+
+
+class Predictions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    classes: list[str]
+    labels: list[int]
+    """True class ids of the test images."""
+    predicted: list[int]
+    """The evaluated model's top-1 class ids, one per test image."""
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Predictions:
+        if len(self.labels) != len(self.predicted):
+            raise ValueError(f"{len(self.labels)} labels but {len(self.predicted)} predictions")
+        return self
+
+    @property
+    def accuracy(self) -> float:
+        return sum(int(a == p) for a, p in zip(self.labels, self.predicted, strict=True)) / max(1, len(self.labels))
+
+    def first(self, count: int) -> Predictions:
+        return Predictions(classes=self.classes, labels=self.labels[:count], predicted=self.predicted[:count])
+
+
+def write(predictions: Predictions, path: Path = PREDICTIONS_PATH) -> Path:
+    return write_model(path, predictions)
+
+
+def read(path: Path = PREDICTIONS_PATH) -> Predictions:
+    return read_model(path, Predictions, "run `pipeline evaluate` first")

@@ -1,0 +1,43 @@
+"""models/serving.json: the benchmark stage's choice of what to serve (variant x backend), read by the server
+(`serve.variant: auto`) and by containerize (`containerize.variant: auto`).
+
+pydantic + stdlib only: the server image reads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.artifacts import MODELS_DIR
+from pipeline.artifacts._files import read_model, write_model
+
+SERVING_FILE = "serving.json"
+SERVING_PATH = MODELS_DIR / SERVING_FILE
+# What is served when the benchmark has not chosen: the fp32 ONNX export (runs wherever the server does).
+FALLBACK_VARIANT = "fp32-onnx"
+
+
+class ServingChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: str
+    backend: str
+    setting: str = "default"
+    threads: int = 0
+    """Threads it was measured at (0 = all cores)."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """What the benchmark measured for it (throughput, latency, accuracy)."""
+
+
+def write(choice: ServingChoice, models_dir: Path = MODELS_DIR) -> Path:
+    return write_model(Path(models_dir) / SERVING_FILE, choice)
+
+
+def read(models_dir: Path = MODELS_DIR) -> ServingChoice | None:
+    """The benchmark's choice; None when it has not run; a StageError when the file is not a choice."""
+    path = Path(models_dir) / SERVING_FILE
+    if not path.is_file():
+        return None
+    return read_model(path, ServingChoice, "rerun `pipeline benchmark`")

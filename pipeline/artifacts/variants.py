@@ -1,0 +1,141 @@
+"""models/manifest.json + models/variants/: what the optimize stage shipped, read by the benchmark stage,
+containerize and the server (through pipeline.runtimes).
+
+pydantic + stdlib only (no torch, no onnxruntime), so the server image can read it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.artifacts import MODELS_DIR
+from pipeline.artifacts._files import read_model, write_model
+from pipeline.errors import StageError
+
+MANIFEST_NAME = "manifest.json"
+VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
+SCHEMA_VERSION = 1
+
+Format = Literal["torch-state-dict", "torch-export", "onnx"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Preprocess(_Strict):
+    """How a request image becomes the model input (pipeline/preprocess.py implements it)."""
+
+    roi_margin: float
+    """Margin kept around a sign's ROI box when one is given (fraction of the box per side)."""
+    resize: int
+    """Square side the (cropped) image is resized to, bilinear."""
+    mean: list[float]
+    """Per-channel mean of the training split; applied INSIDE the model (do not normalise again)."""
+    std: list[float]
+    normalized_in_model: bool = True
+    input_range: list[float] = Field(default_factory=lambda: [0.0, 1.0])
+    """The model takes RGB pixels / 255."""
+    layout: Literal["NCHW"] = "NCHW"
+
+
+class InputSpec(_Strict):
+    name: str
+    shape: list[int]
+    """[-1, 3, S, S]: -1 is the dynamic batch dimension."""
+    dtype: Literal["float32"] = "float32"
+
+
+class Parity(_Strict):
+    """An exported model against the torch model it came from, on the test images."""
+
+    reference: str
+    max_abs_diff: float
+    top1_agreement: float
+    passed: bool
+
+
+class Variant(_Strict):
+    name: str
+    file: str
+    """Path relative to the models folder (only set for shipped variants: accepted ones)."""
+    format: Format
+    runtimes: list[str]
+    """Backends that can run it; the first one is the default (`auto`)."""
+    precision: Literal["fp32", "bf16", "int8"]
+    accuracy: float
+    """Top-1 on the test split, as a fraction."""
+    accuracy_drop: float
+    """fp32 top-1 minus this variant's top-1 (fraction; negative = better)."""
+    size_bytes: int
+    sha256: str
+    parameters: int
+    accepted: bool
+    reason: str = ""
+    """Why it was rejected (empty when accepted)."""
+    parity: Parity | None = None
+    source: str = ""
+    """The variant it was derived from."""
+    details: dict[str, str | float | int | bool] = Field(default_factory=dict)
+
+
+class ModelManifest(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    architecture: str
+    classes: list[str]
+    num_classes: int
+    image_size: int
+    preprocess: Preprocess
+    input: InputSpec
+    output: InputSpec
+    baseline_accuracy: float
+    """Top-1 of the fp32 torch model on the test split: what `accuracy_drop` is measured from."""
+    test_images: int
+    max_accuracy_drop: float
+    variants: list[Variant]
+    created_by: str = "pipeline optimize"
+
+    def accepted(self) -> list[Variant]:
+        return [v for v in self.variants if v.accepted]
+
+    def variant(self, name: str) -> Variant:
+        """The accepted variant called `name`, or a StageError listing the ones there are."""
+        for v in self.variants:
+            if v.name == name:
+                if not v.accepted:
+                    raise StageError(f"variant {name!r} was rejected by the optimize stage ({v.reason})")
+                return v
+        names = ", ".join(v.name for v in self.accepted()) or "none"
+        raise StageError(f"unknown variant {name!r}; shipped variants: {names}")
+
+
+def read_manifest(models_dir: Path = MODELS_DIR) -> ModelManifest:
+    """The typed manifest of `models_dir`; a StageError naming the file when missing or invalid."""
+    return read_model(Path(models_dir) / MANIFEST_NAME, ModelManifest, "run `pipeline optimize` first", "manifest")
+
+
+def write_manifest(models_dir: Path, manifest: ModelManifest) -> Path:
+    return write_model(Path(models_dir) / MANIFEST_NAME, manifest)
+
+
+def publish(staging: Path, manifest: ModelManifest, models_dir: Path = MODELS_DIR) -> ModelManifest:
+    """Move the accepted variants' files from `staging` into models/variants/ and write the manifest naming
+    them (paths relative to `models_dir`); returns that manifest. `staging` is removed."""
+    variants_dir = Path(models_dir) / VARIANTS_FOLDER
+    shutil.rmtree(variants_dir, ignore_errors=True)
+    variants_dir.mkdir(parents=True)
+    shipped = []
+    for v in manifest.variants:
+        if v.accepted:
+            (Path(staging) / v.file).replace(variants_dir / v.file)
+            shipped.append(v.model_copy(update={"file": f"{VARIANTS_FOLDER}/{v.file}"}))
+        else:
+            shipped.append(v)
+    shutil.rmtree(staging, ignore_errors=True)
+    published = manifest.model_copy(update={"variants": shipped})
+    write_manifest(models_dir, published)
+    return published

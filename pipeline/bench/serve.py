@@ -1,0 +1,439 @@
+"""Load-test the inference server on loopback: req/s and latency at several concurrency levels for three
+server setups, measured side by side in one run, with ratios against the reference setup.
+
+    uv run pipeline bench serve --variant int8-onnx --concurrency 1 16 64 --seconds 8
+
+Setups (each a real server process on 127.0.0.1, all started by this script before the first
+measurement and stopped at the end; the measurements interleave: for each round and concurrency level,
+(a), (b), (c) one after the other, so that a change in the machine's load hits all three alike):
+  (a) batching   `pipeline serve`: --variant on ONNX Runtime, dynamic batching (--max-batch-size,
+                 --max-delay-ms), POST /v1/predict
+  (b) no-batch   the same server and model with serve.max_batch_size 1: one model call per request
+  (c) reference  pipeline/bench/reference_server.py: the design issue #6 names (Arm's learning path): FastAPI,
+                 one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
+                 PyTorch forward of our fp32 model (models/model.pt) per request
+Every request is a multipart upload of one real test image (PNG; the script cycles through 64 of
+them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
+at most one core; `--client httpx` uses a Python asyncio client instead (it competes with the server
+for the CPU). Before the load, 100 test images are classified one by one through each setup, to show
+that all three answer and agree with the labels. Traffic stays on 127.0.0.1; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import numpy as np
+import yaml
+from PIL import Image
+
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split
+from pipeline.ports import free_port
+
+BOUNDARY = "----loadtest7MA4YWxkTrZu0gW"
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str  # a, b, c
+    name: str
+    description: str
+    path: str  # the route that takes the upload
+    field: str  # the multipart field name
+    ready_path: str
+    command: Callable[[int, Path], list[str]]
+    predicted_class: Callable[[Any], int]
+
+
+def png_images(prepared: Path, count: int) -> list[tuple[bytes, int]]:
+    test = read_split("test", prepared)
+    images, labels = test.images[:count], test.labels[:count]
+    out = []
+    for image, label in zip(images, labels, strict=True):
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        out.append((buffer.getvalue(), int(label)))
+    return out
+
+
+def setups(args: argparse.Namespace, work: Path) -> list[Setup]:
+    params = yaml.safe_load(args.params.read_text())
+
+    def serve_params(max_batch_size: int) -> Path:
+        serve = dict(params.get("serve") or {})
+        serve |= {"variant": args.variant, "backend": "onnxruntime", "max_batch_size": max_batch_size}
+        serve |= {"max_delay_ms": args.max_delay_ms, "threads": args.threads}
+        path = work / f"params-b{max_batch_size}.yaml"
+        path.write_text(yaml.safe_dump({**params, "serve": serve}))
+        return path
+
+    batching, single = serve_params(args.max_batch_size), serve_params(1)
+
+    def ours(params_file: Path) -> Callable[[int, Path], list[str]]:
+        return lambda port, _: [sys.executable, "-m", "pipeline.cli", "serve", "--params", str(params_file),
+                                "--port", str(port)]  # fmt: skip
+
+    def top1(answer: Any) -> int:
+        return int(answer["predictions"][0]["top_k"][0]["class_id"])
+
+    window = f"{args.max_delay_ms:g} ms window"
+    reference = [
+        sys.executable, "-m", "pipeline.bench.reference_server", "--model", str(args.models / "model.pt"),
+        "--threads", str(args.reference_threads),
+    ]  # fmt: skip
+    threads = f"{args.reference_threads} torch thread(s)" if args.reference_threads else "PyTorch's default threads"
+    return [
+        Setup(
+            "a",
+            "batching",
+            f"our server, {args.variant} on ONNX Runtime, dynamic batching (max {args.max_batch_size}, {window})",
+            "/v1/predict",
+            "files",
+            "/v2/health/ready",
+            ours(batching),
+            top1,
+        ),
+        Setup(
+            "b",
+            "no-batch",
+            f"our server, {args.variant} on ONNX Runtime, max_batch_size 1 (one model call per request)",
+            "/v1/predict",
+            "files",
+            "/v2/health/ready",
+            ours(single),
+            top1,
+        ),
+        Setup(
+            "c",
+            "reference",
+            "Arm learning-path design (pipeline/bench/reference_server.py): FastAPI async /predict/, PIL + torchvision, "
+            f"one eager PyTorch fp32 forward per request, {threads}",
+            "/predict/",
+            "file",
+            "/openapi.json",
+            lambda port, _: [*reference, "--port", str(port)],
+            lambda answer: int(answer["predicted_class"]),
+        ),
+    ]
+
+
+def start(setup: Setup, port: int, work: Path) -> subprocess.Popen[bytes]:
+    log = (work / f"{setup.name}.log").open("wb")
+    return subprocess.Popen(setup.command(port, work), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_ready(setup: Setup, process: subprocess.Popen[bytes], port: int, work: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{setup.name}: server exited:\n{(work / f'{setup.name}.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{setup.ready_path}", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{setup.name}: server not ready within {timeout_s:.0f} s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def accuracy(setup: Setup, port: int, images: list[tuple[bytes, int]]) -> float:
+    correct = 0
+    with httpx.Client(timeout=30) as client:
+        for data, label in images:
+            response = client.post(
+                f"http://127.0.0.1:{port}{setup.path}", files={setup.field: ("sign.png", data, "image/png")}
+            )
+            response.raise_for_status()
+            correct += setup.predicted_class(response.json()) == label
+    return correct / len(images)
+
+
+# ---- wrk ---------------------------------------------------------------------------------------------
+WRK_SCRIPT = """-- generated by `pipeline bench serve`: cycle through pre-built multipart requests, report as JSON
+local files = {%(files)s}
+local requests = {}
+local n = 0
+init = function(args)
+  for i, name in ipairs(files) do
+    local f = assert(io.open(name, "rb"))
+    local png = f:read("*all")
+    f:close()
+    local body = "--%(boundary)s\\r\\nContent-Disposition: form-data; name=\\"%(field)s\\"; filename=\\"sign.png\\"\\r\\n"
+      .. "Content-Type: image/png\\r\\n\\r\\n" .. png .. "\\r\\n--%(boundary)s--\\r\\n"
+    requests[i] = wrk.format("POST", "%(path)s",
+      {["Content-Type"] = "multipart/form-data; boundary=%(boundary)s"}, body)
+  end
+end
+request = function()
+  n = n %% #requests + 1
+  return requests[n]
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRK_RESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, '
+    .. '"connect": %%d, "read": %%d, "write": %%d, "status": %%d, "timeout": %%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50.0), latency:percentile(99.0),
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+def wrk_script(setup: Setup, files: list[Path], work: Path) -> Path:
+    text = WRK_SCRIPT % {
+        "files": ", ".join(json.dumps(str(f)) for f in files),
+        "boundary": BOUNDARY,
+        "field": setup.field,
+        "path": setup.path,
+    }
+    path = work / f"{setup.name}.lua"
+    path.write_text(text)
+    return path
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far; NaN where /proc is not there."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(wrk: str, script: Path, port: int, concurrency: int, seconds: float) -> dict[str, float]:
+    command = [wrk, "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+               "-s", str(script), f"http://127.0.0.1:{port}/"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("WRK_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"wrk failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    r = json.loads(line.removeprefix("WRK_RESULT "))
+    socket_errors = r["connect"] + r["read"] + r["write"] + r["timeout"]
+    return {
+        "requests": r["requests"],
+        "req_per_s": r["requests"] / (r["duration_us"] / 1e6),
+        "p50_ms": r["p50_us"] / 1000,
+        "p99_ms": r["p99_us"] / 1000,
+        "errors": r["status"] + socket_errors,  # non-2xx/3xx answers + socket errors and timeouts
+        "non_2xx": r["status"],
+        "socket_errors": socket_errors,
+    }
+
+
+# ---- httpx (fallback) --------------------------------------------------------------------------------
+async def httpx_load(
+    setup: Setup, port: int, images: list[tuple[bytes, int]], concurrency: int, seconds: float
+) -> dict[str, float]:
+    url = f"http://127.0.0.1:{port}{setup.path}"
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def worker(client: httpx.AsyncClient, offset: int) -> None:
+        nonlocal errors
+        i = offset
+        while time.perf_counter() < stop_at and len(latencies) < 200_000:
+            data, _ = images[i % len(images)]
+            i += concurrency
+            started = time.perf_counter()
+            try:
+                ok = (await client.post(url, files={setup.field: ("sign.png", data, "image/png")})).is_success
+            except httpx.HTTPError:
+                ok = False
+            latencies.append(time.perf_counter() - started)
+            errors += not ok
+
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(client, k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    ms = np.array(latencies) * 1000
+    return {
+        "requests": len(latencies),
+        "req_per_s": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "errors": errors,
+    }
+
+
+def machine_facts(wrk: str | None) -> dict[str, Any]:
+    import onnxruntime
+    import torch
+    import uvicorn
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())  # fmt: skip
+    loops = [name for name in ("uvloop", "httptools") if _importable(name)]
+    wrk_version = ""
+    if wrk:
+        wrk_version = subprocess.run([wrk, "--version"], capture_output=True, text=True, check=False).stdout
+        wrk_version = wrk_version.split("Copyright")[0].strip().removeprefix("wrk ")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "uvicorn": uvicorn.__version__ + (f" ({' + '.join(loops)})" if loops else " (asyncio + h11)"),
+        "wrk": wrk_version,
+    }
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prepared", type=Path, default=PREPARED_DIR, help="prepared data (its test split is sent)")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--variant", default="int8-onnx", help="ONNX variant of setups (a) and (b)")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="batch limit of setup (a)")
+    parser.add_argument("--max-delay-ms", type=float, default=0.0, help="batching window of setup (a)")
+    parser.add_argument("--threads", type=int, default=0, help="serve.threads of (a) and (b) (0 = all cores)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--seconds", type=float, default=8.0, help="per setup and concurrency level")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measurement")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the grid; each cell reports its median round")
+    parser.add_argument("--reference-threads", type=int, default=1,
+                        help="torch threads of (c); 0 = PyTorch's default (see the README: on a shared machine "
+                        "its OpenMP threads wait on each other, and (c) collapses)")  # fmt: skip
+    parser.add_argument("--setups", nargs="+", choices=["a", "b", "c"], default=["a", "b", "c"])
+    parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    wrk = shutil.which("wrk")
+    if args.client == "wrk" and wrk is None:
+        raise SystemExit(
+            "loadtest: wrk not found on PATH. Install it (Debian/Ubuntu: `apt-get install wrk`), "
+            "or run with `--client httpx` (a Python client that competes with the servers for the CPU)."
+        )
+    if not (args.models / "manifest.json").is_file() or not (args.models / "model.pt").is_file():
+        raise SystemExit(f"loadtest: no trained model in {args.models}/ (run the pipeline up to optimize first)")
+    images = png_images(args.prepared, 645)
+    facts = machine_facts(wrk if args.client == "wrk" else None)
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
+        work = Path(tmp)
+        files = []
+        for i, (data, _) in enumerate(images[:64]):
+            files.append(work / f"sign-{i}.png")
+            files[-1].write_bytes(data)
+        chosen = [s for s in setups(args, work) if s.key in args.setups]
+        ports = {s.key: free_port() for s in chosen}
+        processes: dict[str, subprocess.Popen[bytes]] = {}
+        results: dict[str, dict[int, list[dict[str, float]]]] = {
+            s.key: {c: [] for c in args.concurrency} for s in chosen
+        }
+        try:
+            for s in chosen:
+                processes[s.key] = start(s, ports[s.key], work)
+            for s in chosen:
+                wait_ready(s, processes[s.key], ports[s.key], work, timeout_s=300)
+                print(f"({s.key}) {s.name}: ready; top-1 on 100 test images "
+                      f"{accuracy(s, ports[s.key], images[:100]):.2f}", flush=True)  # fmt: skip
+            scripts = {s.key: wrk_script(s, files, work) for s in chosen}
+            load_before = os.getloadavg()
+            for round_ in range(args.rounds):
+                for c in args.concurrency:
+                    for s in chosen:
+                        pid = processes[s.key].pid
+                        if args.client == "wrk":
+                            assert wrk is not None
+                            run_wrk(wrk, scripts[s.key], ports[s.key], c, args.warmup)
+                            cpu_before = cpu_seconds(pid)
+                            stats = run_wrk(wrk, scripts[s.key], ports[s.key], c, args.seconds)
+                        else:
+                            asyncio.run(httpx_load(s, ports[s.key], images, c, args.warmup))
+                            cpu_before = cpu_seconds(pid)
+                            stats = asyncio.run(httpx_load(s, ports[s.key], images, c, args.seconds))
+                        stats["server_cpu_ms_per_req"] = (
+                            (cpu_seconds(pid) - cpu_before) * 1000 / max(1, stats["requests"])
+                        )
+                        results[s.key][c].append(stats)
+                        print(f"round {round_ + 1} ({s.key}) {s.name:9} c={c:<3} {stats['req_per_s']:8.1f} req/s  "
+                              f"p50 {stats['p50_ms']:7.2f} ms  p99 {stats['p99_ms']:7.2f} ms  errors {int(stats['errors'])}  "
+                              f"server CPU {stats['server_cpu_ms_per_req']:.2f} ms/req",
+                              flush=True)  # fmt: skip
+            load_after = os.getloadavg()
+        finally:
+            for process in processes.values():
+                stop(process)
+
+    def cell(key: str, c: int) -> dict[str, float]:
+        """The median round by req/s (its own latencies), with the errors of every round."""
+        runs = sorted(results[key][c], key=lambda r: r["req_per_s"])
+        median = dict(runs[(len(runs) - 1) // 2])
+        median["errors"] = sum(r["errors"] for r in runs)
+        median["req_per_s_rounds"] = [r["req_per_s"] for r in results[key][c]]  # type: ignore[assignment]
+        return median
+
+    table = {s.key: {c: cell(s.key, c) for c in args.concurrency} for s in chosen}
+    print(f"\nload average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after; client {args.client}; "
+          f"{args.seconds:g} s per cell; {args.rounds} round(s)")  # fmt: skip
+    for s in chosen:
+        print(f"({s.key}) {s.name}: {s.description}")
+    print("\n| setup | concurrency | req/s | p50 ms | p99 ms | errors | vs (c) | (a) vs (b) | server CPU ms/req |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s in chosen:
+        for c in args.concurrency:
+            r = table[s.key][c]
+            ratio = f"{r['req_per_s'] / table['c'][c]['req_per_s']:.2f}x" if "c" in table else ""
+            ab = f"{r['req_per_s'] / table['b'][c]['req_per_s']:.2f}x" if s.key == "a" and "b" in table else ""
+            print(f"| ({s.key}) {s.name} | {c} | {r['req_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                  f"{int(r['errors'])} | {ratio} | {ab} | {r['server_cpu_ms_per_req']:.2f} |")  # fmt: skip
+    if args.rounds > 1:
+        spread = {
+            f"({k}) c={c}": ", ".join(f"{v:.0f}" for v in cast(list[float], table[k][c]["req_per_s_rounds"]))
+            for k in table
+            for c in args.concurrency
+        }
+        print("\nreq/s per round: " + "; ".join(f"{k}: {v}" for k, v in spread.items()))
+    if args.json:
+        report = {
+            "machine": facts,
+            "load_average": {"before": load_before, "after": load_after},
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "setups": {s.key: {"name": s.name, "description": s.description} for s in chosen},
+            "results": {k: {str(c): v for c, v in by_c.items()} for k, by_c in table.items()},
+        }
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

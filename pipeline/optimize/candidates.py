@@ -1,0 +1,290 @@
+"""Making and judging the optimize stage's variants of the trained model (pipeline/stages/optimize.py ships them).
+
+Every candidate file is made in a staging folder, evaluated on the test split through pipeline.runtimes (the
+code the benchmark and the server use), and accepted only when its top-1 is within `optimize.max_accuracy_drop`
+of the fp32 model (and, for ONNX exports, its parity with torch passes).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline import console, nets
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_split
+from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Preprocess, Variant
+from pipeline.checksum import sha256_of
+from pipeline.config import OptimizeConfig, Params
+from pipeline.errors import StageError
+from pipeline.optimize import export, prune, quantize
+from pipeline.optimize.finetune import finetune
+from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file
+
+TORCH_RUNTIMES = [TORCH_EAGER, TORCH_COMPILE]
+
+
+@dataclass(frozen=True)
+class Images:
+    images: np.ndarray  # float32 [N, 3, S, S] in [0, 1]
+    labels: np.ndarray  # int64 [N]
+
+
+def load_images(split: str, image_size: int, limit: int | None = None, seed: int = 0) -> Images:
+    """A prepared split as model input; with `limit`, a seeded random subset of that many images."""
+    arrays = read_split(split, PREPARED_DIR, image_size=image_size, limit=limit, seed=seed)
+    if len(arrays) == 0:
+        raise StageError(f"{PREPARED_DIR / (split + '.npz')} holds no images; rerun `pipeline prepare`")
+    return Images(arrays.model_input(), arrays.labels.astype(np.int64))
+
+
+def predict_all(runtime: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
+    return np.concatenate([runtime.predict(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
+
+
+@dataclass
+class Candidate:
+    """A variant file made in the staging folder, before the gate decides whether it ships."""
+
+    name: str
+    file: str
+    format: str
+    runtimes: list[str]
+    precision: str
+    parameters: int
+    source: str = ""
+    reference_logits: np.ndarray | None = None  # for ONNX exports: the torch model's test logits
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Optimizer:
+    """Makes the candidates in a staging folder and evaluates them; `run` ships the accepted ones."""
+
+    def __init__(self, params: Params, staging: Path, prepared: PreparedManifest) -> None:
+        self.params = params
+        self.cfg: OptimizeConfig = params.optimize
+        self.staging = staging
+        self.image_size = prepared.image_size
+        self.test = load_images("test", self.image_size)
+        self.calibration = load_images(
+            "train", self.image_size, limit=self.cfg.calibration_images, seed=self.cfg.seed
+        ).images
+        self.results: list[Variant] = []
+        self.baseline: float | None = None
+
+    def evaluate(self, c: Candidate, backend: str) -> tuple[float, np.ndarray, float]:
+        """(accuracy, logits, seconds) of a candidate on the test images, through pipeline.runtimes."""
+        info = Variant(
+            name=c.name,
+            file=c.file,
+            format=c.format,
+            runtimes=c.runtimes,
+            precision=c.precision,
+            accuracy=0.0,
+            accuracy_drop=0.0,
+            size_bytes=0,
+            sha256="",
+            parameters=c.parameters,
+            accepted=True,
+        )
+        runtime = open_file(self.staging / c.file, info, self.image_size, backend)
+        start = time.perf_counter()
+        logits = predict_all(runtime, self.test.images, self.cfg.batch_size)
+        seconds = time.perf_counter() - start
+        accuracy = float((logits.argmax(1) == self.test.labels).mean())
+        return accuracy, logits, seconds
+
+    def judge(self, c: Candidate, made: bool = True, error: str = "") -> Variant:
+        """Evaluate a candidate and apply the gates; returns its manifest entry (also kept in results)."""
+        path = self.staging / c.file
+        accuracy, drop, logits, parity_entry, reasons = 0.0, 0.0, None, None, []
+        if not made:
+            reasons.append(error)
+        else:
+            backend = TORCH_EAGER if c.format != "onnx" else ONNXRUNTIME
+            accuracy, logits, seconds = self.evaluate(c, backend)
+            c.details.update(evaluated_on=backend, eval_seconds=round(seconds, 3))
+            if self.baseline is None:
+                self.baseline = accuracy
+            drop = self.baseline - accuracy
+            if drop > self.cfg.max_accuracy_drop + 1e-12:
+                reasons.append(
+                    f"accuracy drop {100 * drop:.2f} points > {100 * self.cfg.max_accuracy_drop:.2f} allowed"
+                )
+            if c.reference_logits is not None:
+                p = export.parity(
+                    c.reference_logits,
+                    logits,
+                    self.cfg.parity_max_abs_diff,
+                    self.cfg.parity_min_top1_agreement,
+                )
+                parity_entry = Parity(
+                    reference=c.source,
+                    max_abs_diff=p.max_abs_diff,
+                    top1_agreement=p.top1_agreement,
+                    passed=p.passed,
+                )
+                if not p.passed:
+                    reasons.append(
+                        f"parity with {c.source} failed (max |diff| {p.max_abs_diff:.2e}, "
+                        f"top-1 agreement {p.top1_agreement:.4f})"
+                    )
+        accepted = made and not reasons
+        variant = Variant(
+            name=c.name,
+            file=c.file if accepted else "",
+            format=c.format,
+            runtimes=c.runtimes,
+            precision=c.precision,
+            accuracy=accuracy,
+            accuracy_drop=drop,
+            size_bytes=path.stat().st_size if path.exists() else 0,
+            sha256=sha256_of(path) if path.exists() else "",
+            parameters=c.parameters,
+            accepted=accepted,
+            reason="; ".join(reasons),
+            parity=parity_entry,
+            source=c.source,
+            details={k: v for k, v in c.details.items() if isinstance(v, str | int | float | bool)},
+        )
+        self.results.append(variant)
+        state = "accepted" if accepted else f"REJECTED ({variant.reason})"
+        console.log(f"{c.name}: top-1 {accuracy:.4f} ({-100 * drop:+.2f} points), {state}")
+        self.last_logits = logits
+        return variant
+
+    def attempt(self, c: Candidate, make: Callable[[], object]) -> Variant:
+        """Make a candidate's file (a failure rejects it with the reason) and judge it."""
+        try:
+            make()
+        except StageError:
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return self.judge(c, made=False, error=f"could not be made: {type(exc).__name__}: {first}")
+        return self.judge(c)
+
+    def torch_family(self, prefix: str, model: nn.Module, like: dict[str, Any], extra: dict[str, Any]) -> None:
+        """`<prefix>` (torch fp32) then `<prefix>-onnx` and `<prefix>-int8-onnx` from it."""
+        params = nets.count_parameters(model)
+        fp32 = Candidate(prefix, f"{prefix}.pt", "torch-state-dict", TORCH_RUNTIMES, "fp32", params)
+        fp32.details.update(extra)
+        self.attempt(fp32, lambda: model_file.write_like(self.staging / fp32.file, model, like, variant=prefix))
+        torch_logits = self.last_logits
+        onnx_name = "fp32-onnx" if prefix == "fp32" else f"{prefix}-onnx"
+        onnx = Candidate(onnx_name, f"{onnx_name}.onnx", "onnx", [ONNXRUNTIME], "fp32", params, prefix)
+        onnx.reference_logits = torch_logits
+        exported = self.attempt(onnx, lambda: export.export_onnx(model, self.staging / onnx.file, self.image_size))
+        if not self.cfg.int8_onnx or not (self.staging / onnx.file).exists() or exported.reason.startswith("could not"):
+            return
+        int8_name = "int8-onnx" if prefix == "fp32" else f"{prefix}-int8-onnx"
+        int8 = Candidate(int8_name, f"{int8_name}.onnx", "onnx", [ONNXRUNTIME], "int8", params, onnx_name)
+
+        def make_int8() -> None:
+            int8.details.update(
+                quantize.quantize_onnx(self.staging / onnx.file, self.calibration, self.staging / int8.file)
+            )
+
+        self.attempt(int8, make_int8)
+
+    def run(self, model: nn.Module, payload: dict[str, Any], log: Callable[..., None]) -> None:
+        cfg = self.cfg
+        self.torch_family("fp32", model, payload, {})
+
+        if cfg.int8_torch:
+            c = Candidate(
+                "int8-pt2e",
+                "int8-pt2e.pt2",
+                "torch-export",
+                [TORCH_COMPILE, TORCH_EAGER],
+                "int8",
+                nets.count_parameters(model),
+                "fp32",
+            )
+
+            def make_pt2e() -> None:
+                c.details.update(
+                    quantize.quantize_pt2e(model, self.calibration, self.staging / c.file),
+                    machine=platform.machine(),
+                )
+
+            self.attempt(c, make_pt2e)
+
+        native = quantize.has_native_bf16()
+        if cfg.bf16 == "on" or (cfg.bf16 == "auto" and native):
+            bf16_model = model_file.read(self.staging / "fp32.pt")[0].to(torch.bfloat16)
+            c = Candidate("bf16", "bf16.pt", "torch-state-dict", TORCH_RUNTIMES, "bf16", nets.count_parameters(model))
+            c.details["native_bf16"] = native
+            c.source = "fp32"
+            self.attempt(c, lambda: model_file.write_like(self.staging / c.file, bf16_model, payload, variant="bf16"))
+        else:
+            console.log("bf16: skipped (this CPU has no native bf16; set optimize.bf16 to `on` to force it)")
+
+        if cfg.prune_amount > 0:
+            pruned = model_file.read(self.staging / "fp32.pt")[0]
+            report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm)
+            console.log(
+                f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}): channels "
+                f"{report.channels_before} -> {report.channels_after}; fine-tuning {cfg.finetune_epochs} epoch(s)"
+            )
+            pruned = finetune(pruned, self.params, log, teacher=model_file.read(self.staging / "fp32.pt")[0].eval())
+            extra = {
+                "channels_before": str(report.channels_before),
+                "channels_after": str(report.channels_after),
+                "prune_amount": cfg.prune_amount,
+                "prune_norm": cfg.prune_norm,
+                "finetune_epochs": cfg.finetune_epochs,
+                "finetune_distill": cfg.finetune_distill,
+            }
+            self.torch_family("pruned", pruned, payload, extra)
+
+
+def build_manifest(
+    params: Params, prepared: PreparedManifest, payload: dict[str, Any], opt: Optimizer
+) -> ModelManifest:
+    size = prepared.image_size
+    return ModelManifest(
+        architecture=str(payload["arch"]["name"]),
+        classes=list(prepared.classes),
+        num_classes=len(prepared.classes),
+        image_size=size,
+        preprocess=Preprocess(
+            roi_margin=prepared.roi_margin,
+            resize=size,
+            mean=[float(v) for v in payload["mean"]],
+            std=[float(v) for v in payload["std"]],
+        ),
+        input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
+        output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),
+        baseline_accuracy=float(opt.baseline or 0.0),
+        test_images=len(opt.test.labels),
+        max_accuracy_drop=params.optimize.max_accuracy_drop,
+        variants=opt.results,
+    )
+
+
+def markdown_table(manifest: ModelManifest) -> str:
+    lines = [
+        f"Test split: {manifest.test_images} images; fp32 top-1 {manifest.baseline_accuracy:.4f}; "
+        f"gate: drop <= {100 * manifest.max_accuracy_drop:.2f} points.",
+        "",
+        "| variant | format | top-1 | drop (points) | file size | parameters | parity (max abs diff / top-1 agreement) "
+        "| shipped |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for v in manifest.variants:
+        parity = f"{v.parity.max_abs_diff:.2e} / {v.parity.top1_agreement:.4f}" if v.parity else "-"
+        shipped = "yes" if v.accepted else f"no: {v.reason}"
+        lines.append(
+            f"| {v.name} | {v.format} | {v.accuracy:.4f} | {100 * v.accuracy_drop:+.2f} | "
+            f"{v.size_bytes / 1024:.1f} KiB | {v.parameters:,} | {parity} | {shipped} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,478 @@
+"""The benchmark stage: every accepted variant on every backend this machine has, each measured in its
+own subprocess (so oneDNN, thread and fast-math switches apply before import), side by side in one run.
+
+    models/manifest.json --> one worker process per (variant, backend, setting, threads)
+        --> reports/benchmark/report.json (machine facts + every result, failures included)
+        --> reports/benchmark/table.md (GitHub job summary), results.csv (DVC plots), throughput.png
+        --> reports/benchmark/profile.txt (where the chosen variant spends its time)
+        --> models/serving.json: the fastest variant x runtime for the server that passed the accuracy gate,
+            also set as the MLflow registry alias `champion`
+
+`pipeline compare REPORT...` merges reports of several machines (x86 and Arm runners) into one table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import serving as serving_file
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split
+from pipeline.config import BenchmarkConfig, Params
+from pipeline.console import log
+from pipeline.errors import StageError
+
+REPORT_DIR = REPORTS_DIR / "benchmark"
+BASELINE = ("fp32", "torch-eager", "onednn-off")  # the learning path's "OpenBLAS" setup: ATen + the build's BLAS
+
+
+@dataclass(frozen=True)
+class Setup:
+    variant: str
+    backend: str
+    setting: str  # "default", "onednn-off", "onednn-on", "bf16-fpmath"
+    threads: int  # 0 = all cores
+
+    @property
+    def label(self) -> str:
+        threads = "all cores" if self.threads == 0 else f"{self.threads} thread"
+        return f"{self.variant} / {self.backend} / {self.setting} / {threads}"
+
+
+@dataclass
+class Result:
+    setup: Setup
+    status: str  # ok | failed | skipped
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def bf16_capable(isa: Sequence[str]) -> bool:
+    return any(flag in isa for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+
+
+def plan(manifest: Any, facts: dict[str, Any], config: BenchmarkConfig) -> tuple[list[Setup], list[Result]]:
+    """Which setups to run on this machine, and which are skipped (with the reason)."""
+    setups: list[Setup] = []
+    skipped: list[Result] = []
+    thread_counts = sorted(set(config.threads))
+    for variant in manifest.variants:
+        if not variant.accepted:
+            continue
+        for backend in variant.runtimes:
+            if config.backends and backend not in config.backends:
+                continue
+            if backend == "torch-eager" and getattr(variant, "format", "") == "torch-export":
+                reason = "pt2e int8 graphs run reference kernels in eager mode: timed compiled only"
+                skipped.append(Result(Setup(variant.name, backend, "default", 0), "skipped", reason))
+                continue
+            if "cuda" in backend and not facts.get("cuda"):
+                skipped.append(Result(Setup(variant.name, backend, "default", 0), "skipped", "no CUDA device"))
+                continue
+            settings = ["default"]
+            if backend == "torch-eager" and facts.get("onednn_available"):
+                settings = ["onednn-off", "onednn-on"]
+                if bf16_capable(facts.get("isa", [])):
+                    settings.append("bf16-fpmath")
+                else:
+                    skipped.append(
+                        Result(Setup(variant.name, backend, "bf16-fpmath", 0), "skipped", "CPU has no native bf16")
+                    )
+            for setting in settings:
+                for threads in thread_counts:
+                    setups.append(Setup(variant.name, backend, setting, threads))
+    return setups, skipped
+
+
+def _worker_env(setup: Setup) -> dict[str, str]:
+    env = dict(os.environ)
+    if setup.threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(setup.threads)
+    if setup.setting == "bf16-fpmath":
+        env["DNNL_DEFAULT_FPMATH_MODE"] = "BF16"
+    return env
+
+
+def run_setup(setup: Setup, config: BenchmarkConfig, timeout_s: float) -> Result:
+    """Measure one setup in a fresh interpreter; a crash, hang or error becomes a failed result."""
+    command = [sys.executable, "-m", "pipeline.stages.benchmark", json.dumps(asdict(setup)), config.model_dump_json()]
+    try:
+        done = subprocess.run(
+            command, env=_worker_env(setup), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return Result(setup, "failed", f"timed out after {timeout_s:.0f} s")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return Result(setup, "failed", f"exit {done.returncode}: {tail[:300]}")
+    return Result(setup, "ok", metrics=json.loads(lines[-1]))
+
+
+# ---- the worker: runs in its own process -----------------------------------------------------------------
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    import numpy as np
+
+    ms = np.array(seconds) * 1000.0
+    return {f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}
+
+
+def _throughput(predict: Any, batch: Any, min_seconds: float, min_calls: int) -> float:
+    predict(batch)  # warm-up at this shape
+    calls = 0
+    started = time.perf_counter()
+    while calls < min_calls or time.perf_counter() - started < min_seconds:
+        predict(batch)
+        calls += 1
+    return calls * len(batch) / (time.perf_counter() - started)
+
+
+def measure(setup: Setup, config: BenchmarkConfig) -> dict[str, float]:
+    import resource
+
+    import numpy as np
+
+    if setup.backend.startswith("torch"):
+        import torch
+
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
+        if setup.setting == "onednn-off":
+            torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
+    from pipeline.runtimes import open_runtime
+
+    test = read_split("test")
+    images, labels = test.model_input(), test.labels.astype(np.int64)
+
+    started = time.perf_counter()
+    runtime = open_runtime(MODELS_DIR, setup.variant, backend=setup.backend, threads=setup.threads or None)
+    runtime.predict(images[:1])
+    startup_s = time.perf_counter() - started
+
+    for i in range(config.warmup):
+        runtime.predict(images[i % len(images)][None])
+    latencies = []
+    deadline = time.perf_counter() + config.min_seconds
+    i = 0
+    while i < config.latency_calls or time.perf_counter() < deadline:
+        one = images[i % len(images)][None]
+        t = time.perf_counter()
+        runtime.predict(one)
+        latencies.append(time.perf_counter() - t)
+        i += 1
+        if i >= 20 * config.latency_calls:
+            break
+    metrics: dict[str, float] = {"startup_s": startup_s, **_percentiles(latencies)}
+    for size in config.batch_sizes:
+        batch = np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size]
+        metrics[f"throughput_b{size}"] = _throughput(runtime.predict, batch, config.min_seconds, 3)
+
+    correct = 0
+    for start in range(0, len(images), 256):
+        logits = runtime.predict(images[start : start + 256])
+        correct += int((logits.argmax(axis=1) == labels[start : start + 256]).sum())
+    metrics["accuracy"] = correct / len(labels)
+    metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return metrics
+
+
+# ---- reports, choice, profile ---------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def baseline_of(results: Sequence[dict[str, Any]], threads: int = 0) -> dict[str, Any] | None:
+    """The fp32 eager oneDNN-off result at the same thread count (else the first eager one there)."""
+    ok = [r for r in results if r["status"] == "ok" and r["setup"]["threads"] == threads]
+    for r in ok:
+        s = r["setup"]
+        if (s["variant"], s["backend"], s["setting"]) == BASELINE:
+            return r
+    return next((r for r in ok if r["setup"]["backend"] == "torch-eager"), None)
+
+
+def markdown_table(report: dict[str, Any], batch: int = 32) -> str:
+    results = report["results"]
+    chosen = report.get("chosen") or {}
+    lines = [
+        f"Machine: {report['machine'].get('cpu')} ({report['machine'].get('architecture')}, "
+        f"{report['machine'].get('cores')} cores, ISA {' '.join(report['machine'].get('isa', [])) or '–'}); "
+        f"torch {report['machine'].get('torch')} (BLAS {report['machine'].get('blas')}, oneDNN "
+        f"{report['machine'].get('onednn')}, ACL {report['machine'].get('acl')}), onnxruntime "
+        f"{report['machine'].get('onnxruntime')}",
+        "",
+        f"| variant | backend | setting | threads | p50 ms (b1) | p99 ms (b1) | img/s b{batch} | img/s b256 "
+        f"| × baseline b{batch} | × baseline p50 | accuracy | start s | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s = r["setup"]
+        m = r.get("metrics", {})
+        mark = " **(served)**" if chosen and (s["variant"], s["backend"], s["setting"], s["threads"]) == (
+            chosen["variant"], chosen["backend"], chosen["setting"], chosen["threads"]
+        ) else ""  # fmt: skip
+        threads = "all" if s["threads"] == 0 else str(s["threads"])
+        if r["status"] != "ok":
+            lines.append(f"| {s['variant']} | {s['backend']} | {s['setting']} | {threads} | {r['status']}: "
+                         f"{r.get('error')} | | | | | | | | |")  # fmt: skip
+            continue
+        speed = lat = None
+        base = baseline_of(results, s["threads"])
+        if base:
+            speed = m[f"throughput_b{batch}"] / base["metrics"][f"throughput_b{batch}"]
+            lat = base["metrics"]["p50_ms"] / m["p50_ms"]
+        lines.append(
+            f"| {s['variant']}{mark} | {s['backend']} | {s['setting']} | {threads} | {_fmt(m.get('p50_ms'), 3)} | "
+            f"{_fmt(m.get('p99_ms'), 3)} | {_fmt(m.get(f'throughput_b{batch}'), 0)} | {_fmt(m.get('throughput_b256'), 0)} | "
+            f"{_fmt(speed, 2)}× | {_fmt(lat, 2)}× | {m.get('accuracy', 0):.4f} | {_fmt(m.get('startup_s'), 2)} | "
+            f"{_fmt(m.get('peak_memory_mb'), 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def choose(results: Sequence[Result], reference_accuracy: float, config: BenchmarkConfig) -> Result | None:
+    """Fastest setup at batch 32 (all cores) among the server's runtimes within the accuracy gate."""
+    floor = reference_accuracy - config.max_accuracy_drop
+    candidates = [
+        r for r in results
+        if r.status == "ok" and r.setup.threads == 0 and r.setup.backend in config.serving_backends
+        and r.metrics["accuracy"] >= floor - 1e-9
+    ]  # fmt: skip
+    key = f"throughput_b{config.batch_sizes[0]}"
+    return max(candidates, key=lambda r: r.metrics[key], default=None)
+
+
+def profile(setup: Setup, manifest: Any, out: Path) -> None:
+    """Operator-level profile of the chosen setup: ONNX Runtime's profiler or torch.profiler."""
+
+    batch = read_split("test").model_input()[:32]
+    variant = next(v for v in manifest.variants if v.name == setup.variant)
+    if setup.backend == "onnxruntime":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(out.parent / "ort_profile")
+        session = ort.InferenceSession(str(MODELS_DIR / variant.file), options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        for _ in range(20):
+            session.run(None, {name: batch})
+        trace = Path(session.end_profiling())
+        totals: dict[str, list[float]] = {}
+        for event in json.loads(trace.read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                op = event.get("args", {}).get("op_name", "?")
+                totals.setdefault(op, []).append(event["dur"])
+        trace.unlink()
+        grand = sum(sum(v) for v in totals.values()) or 1.0
+        rows = sorted(totals.items(), key=lambda kv: -sum(kv[1]))
+        text = [
+            f"ONNX Runtime profile: {setup.label}, 20 batches of 32",
+            "",
+            f"{'op':24} {'calls':>6} {'total ms':>10} {'%':>6}",
+        ]
+        text += [f"{op:24} {len(d):6d} {sum(d) / 1000:10.2f} {100 * sum(d) / grand:6.1f}" for op, d in rows]
+        out.write_text("\n".join(text) + "\n")
+        return
+    import torch
+
+    from pipeline.runtimes import open_runtime
+
+    runtime = open_runtime(MODELS_DIR, setup.variant, backend=setup.backend)
+    runtime.predict(batch)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            runtime.predict(batch)
+    out.write_text(
+        f"torch.profiler: {setup.label}, 20 batches of 32\n\n"
+        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        + "\n"
+    )
+
+
+def _plot(report: dict[str, Any], path: Path, batch: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in report["results"] if r["status"] == "ok" and r["setup"]["threads"] == 0]
+    labels = [f"{r['setup']['variant']}\n{r['setup']['backend']}\n{r['setup']['setting']}" for r in ok]
+    values = [r["metrics"][f"throughput_b{batch}"] for r in ok]
+    fig, ax = plt.subplots(figsize=(max(6, len(ok) * 1.2), 4.5))
+    ax.bar(range(len(ok)), values, color="#4477aa")
+    ax.set_xticks(range(len(ok)), labels, fontsize=7)
+    ax.set_ylabel(f"images/s at batch {batch} (all cores)")
+    ax.set_title(f"{report['machine'].get('cpu')} ({report['machine'].get('architecture')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(report: dict[str, Any], config: BenchmarkConfig) -> None:
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    batch = config.batch_sizes[0]
+    (REPORT_DIR / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (REPORT_DIR / "table.md").write_text(markdown_table(report, batch))
+    rows = ["setup,variant,backend,setting,threads,p50_ms,throughput,accuracy"]
+    for r in report["results"]:
+        if r["status"] == "ok":
+            s, m = r["setup"], r["metrics"]
+            label = f"{s['variant']}/{s['backend']}/{s['setting']}/{s['threads'] or 'all'}"
+            rows.append(f"{label},{s['variant']},{s['backend']},{s['setting']},{s['threads']},"
+                        f"{m['p50_ms']:.4f},{m[f'throughput_b{batch}']:.1f},{m['accuracy']:.4f}")  # fmt: skip
+    (REPORT_DIR / "results.csv").write_text("\n".join(rows) + "\n")
+    (REPORT_DIR / "metrics.json").write_text(json.dumps(headline(report, batch), indent=2) + "\n")
+    _plot(report, REPORT_DIR / "throughput.png", batch)
+
+
+def headline(report: dict[str, Any], batch: int) -> dict[str, float | str]:
+    """The served setup against the fp32 eager oneDNN-off baseline: DVC metrics and MLflow."""
+    chosen = report.get("chosen")
+    base = baseline_of(report["results"], 0)
+    if not chosen:
+        return {"served": "none"}
+    m = chosen["metrics"]
+    out: dict[str, float | str] = {
+        "served": f"{chosen['variant']} / {chosen['backend']}",
+        f"served_throughput_b{batch}": round(m[f"throughput_b{batch}"], 1),
+        "served_p50_ms": round(m["p50_ms"], 4),
+        "served_accuracy": round(m["accuracy"], 4),
+    }
+    if base:
+        out[f"speedup_b{batch}_vs_fp32_eager"] = round(
+            m[f"throughput_b{batch}"] / base["metrics"][f"throughput_b{batch}"], 2
+        )
+        out["p50_gain_vs_fp32_eager"] = round(base["metrics"]["p50_ms"] / m["p50_ms"], 2)
+    return out
+
+
+def _set_champion(params: Params, manifest: Any, chosen: Result) -> str | None:
+    """Point the registry alias `champion` at the registered version of the chosen variant."""
+    if not params.tracking.enabled:
+        return None
+    import mlflow
+
+    from pipeline.tracking import tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(params.tracking))
+    name = params.tracking.registered_model_name
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    sha = next(v.sha256 for v in manifest.variants if v.name == chosen.setup.variant)
+    matching = [
+        v for v in versions if v.tags.get("variant") == chosen.setup.variant and v.tags.get("sha256", sha) == sha
+    ]
+    if not matching:
+        return None
+    version = max(matching, key=lambda v: int(v.version))
+    client.set_registered_model_alias(name, "champion", version.version)
+    return str(version.version)
+
+
+def run(params: Params) -> None:
+    from pipeline.machine import facts
+    from pipeline.runtimes import read_manifest
+    from pipeline.tracking import stage_run
+
+    config = params.benchmark
+    manifest = read_manifest(MODELS_DIR)
+    if not (PREPARED_DIR / "test.npz").is_file():
+        raise StageError(f"{PREPARED_DIR / 'test.npz'} is missing: run the prepare stage first")
+    machine = facts()
+    setups, results = plan(manifest, machine, config)
+    if not setups:
+        raise StageError("no variant/backend combination to benchmark (check benchmark.backends)")
+    with stage_run("benchmark", params.tracking, {"benchmark": config.model_dump(mode="json")}) as tracker:
+        began = time.perf_counter()
+        for n, setup in enumerate(setups, 1):
+            result = run_setup(setup, config, config.timeout_s)
+            results.append(result)
+            summary = (
+                f"{result.metrics['throughput_b' + str(config.batch_sizes[0])]:,.0f} img/s, "
+                f"p50 {result.metrics['p50_ms']:.3f} ms, acc {result.metrics['accuracy']:.4f}"
+                if result.status == "ok" else f"{result.status}: {result.error}"
+            )  # fmt: skip
+            log(f"benchmark [{n}/{len(setups)}] {setup.label}: {summary}")
+        reference = next((v.accuracy for v in manifest.variants if v.name == "fp32"), None)
+        if reference is None:
+            reference = max(v.accuracy for v in manifest.variants if v.accepted)
+        chosen = choose(results, reference, config)
+        report: dict[str, Any] = {
+            "machine": machine,
+            "config": config.model_dump(mode="json"),
+            "wall_s": time.perf_counter() - began,
+            "results": [asdict(r) for r in results],
+            "chosen": asdict(chosen.setup) | {"metrics": chosen.metrics} if chosen else None,
+        }
+        write_reports(report, config)
+        if chosen is None:
+            raise StageError(
+                f"no setup among {', '.join(config.serving_backends)} passed the accuracy gate "
+                f"(reference {reference:.4f} - {config.max_accuracy_drop}); see {REPORT_DIR / 'table.md'}"
+            )
+        serving_file.write(serving_file.ServingChoice(**asdict(chosen.setup), metrics=chosen.metrics))
+        if config.profile:
+            profile(chosen.setup, manifest, REPORT_DIR / "profile.txt")
+        else:  # still written: dvc.yaml declares it, and a stale profile must not pass for this run's
+            (REPORT_DIR / "profile.txt").write_text("profiling disabled (benchmark.profile: false)\n")
+        version = _set_champion(params, manifest, chosen)
+        for r in results:
+            if r.status == "ok":
+                key = f"{r.setup.variant}.{r.setup.backend}.{r.setup.setting}.t{r.setup.threads}"
+                tracker.log_metrics({f"{key}.{k}": v for k, v in r.metrics.items()})
+        for name in ("report.json", "table.md", "throughput.png", "profile.txt"):
+            tracker.log_artifact(REPORT_DIR / name)
+        tracker.set_tags({"chosen": chosen.setup.label, "champion_version": str(version)})
+        log(
+            f"benchmark: serving {chosen.setup.label}"
+            + (f" (registry version {version} is champion)" if version else "")
+        )
+
+
+def compare(paths: Sequence[Path], batch: int = 32) -> str:
+    """One table for several machines' reports, each row with ratios against its own machine's baseline."""
+    lines = [
+        f"| machine | variant | backend | setting | img/s b{batch} | × baseline | p50 ms | × baseline p50 | accuracy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            results = report["results"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise StageError(f"{path}: not a benchmark report ({exc})") from None
+        base = baseline_of(results)
+        m = report["machine"]
+        machine = f"{m.get('architecture')} {m.get('cpu')}"
+        for r in results:
+            if r["status"] != "ok" or r["setup"]["threads"] != 0:
+                continue
+            s, x = r["setup"], r["metrics"]
+            speed = x[f"throughput_b{batch}"] / base["metrics"][f"throughput_b{batch}"] if base else None
+            lat = base["metrics"]["p50_ms"] / x["p50_ms"] if base else None
+            lines.append(f"| {machine} | {s['variant']} | {s['backend']} | {s['setting']} | "
+                         f"{x[f'throughput_b{batch}']:,.0f} | {_fmt(speed, 2)}× | {x['p50_ms']:.3f} | "
+                         f"{_fmt(lat, 2)}× | {x['accuracy']:.4f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON
+    worker_setup = Setup(**json.loads(sys.argv[1]))
+    worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
+    print(json.dumps(measure(worker_setup, worker_config)), flush=True)

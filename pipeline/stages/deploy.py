@@ -1,0 +1,155 @@
+"""The deploy stage: run the server image and smoke-test it through its API on the real test images.
+
+Targets (`deploy.target`):
+- `local`: run the image containerize built (by id) on this engine;
+- `registry`: push it to `deploy.registry`, pull it back by digest, run what was pulled.
+Either way the container runs as in Kubernetes (read-only root, no capabilities), every test image goes
+through the Open Inference Protocol (FP32, binary extension) and a sample also as PNG through /v1/predict,
+and the accuracy through the API must equal the evaluate stage's on the same images (within
+`deploy.accuracy_tolerance`; for an int8 variant, the accuracy the optimize stage recorded for it). Then
+the container is stopped (`docker stop`, timed) unless `deploy.keep_running`.
+Writes reports/deploy/smoke.json and reports/deploy/metrics.json.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts import image as image_file
+from pipeline.artifacts import predictions as predictions_file
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split
+from pipeline.client import smoke_test
+from pipeline.config import Params
+from pipeline.console import log
+from pipeline.errors import StageError
+from pipeline.ship import container
+from pipeline.ship import engine as eng
+
+REPORT_DIR = REPORTS_DIR / "deploy"
+
+
+def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    test = read_split("test", PREPARED_DIR)
+    images, labels = test.images, test.labels.astype(np.int64)
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    if not len(images):
+        raise StageError(f"{PREPARED_DIR / 'test.npz'} holds no test images")
+    return images, labels
+
+
+def skipped(reason: str) -> None:
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / "smoke.json").write_text(json.dumps({"skipped": True, "reason": reason}, indent=2) + "\n")
+    (REPORT_DIR / "metrics.json").write_text(json.dumps({"skipped": True}, indent=2) + "\n")
+    log(f"deploy: skipped ({reason})")
+
+
+def run(params: Params) -> None:
+    config = params.deploy
+    image = image_file.read()
+    if image.skipped:
+        if config.skip_without_engine:
+            skipped(f"containerize was skipped: {image.reason}")
+            return
+        raise StageError(f"containerize built no image ({image.reason or 'skipped'}): nothing to deploy")
+    try:
+        engine = eng.find_engine("deploy.skip_without_engine")
+    except eng.NoEngine as exc:
+        if config.skip_without_engine:
+            skipped(str(exc))
+            return
+        raise
+    images, labels = load_test_split(config.smoke_images)
+    evaluated = predictions_file.read()
+    if len(evaluated.labels) < len(images) or evaluated.labels[: len(images)] != labels.tolist():
+        raise StageError(
+            f"{predictions_file.PREDICTIONS_PATH} is not for these test images ({len(evaluated.labels)} "
+            f"predictions); run `pipeline evaluate` first"
+        )
+    reference = evaluated.first(len(images))
+
+    report: dict[str, Any] = {"skipped": False, "target": config.target, "image_id": image.id, "tag": image.tag}
+    ref = image.id
+    if not eng.image_exists(engine, ref):
+        raise StageError(f"image {image.tag} ({ref[7:19]}) is not on this engine: rerun `pipeline containerize`")
+    if config.target == "registry":
+        if not container.registry_answers(config.registry):
+            raise StageError(
+                f"registry {config.registry} does not answer; for a local one run `docker/registry-up.sh "
+                f"{config.registry}`, for GHCR/Docker Hub log in with `docker login` and set deploy.registry"
+            )
+        repository = image.image.rsplit("/", 1)[-1]
+        remote = f"{config.registry}/{repository}:{image.tag.rsplit(':', 1)[-1]}"
+        log(f"deploy: pushing {remote} ...")
+        by_digest = container.push(engine, ref, remote)
+        eng.docker(engine, ["rmi", remote], check=False, timeout_s=60)
+        pull_seconds = container.pull(engine, by_digest)
+        report |= {"pushed": remote, "pulled": by_digest, "pull_seconds": round(pull_seconds, 2)}
+        ref = by_digest
+        log(f"deploy: pulled back {by_digest}")
+
+    log(f"deploy: starting {ref} as container {config.container_name} ...")
+    running = container.start(engine, ref, config.container_name, config.host_port, config.ready_timeout_s)
+    report |= {"container": running.name, "url": running.url, "ready_seconds": round(running.ready_seconds, 2)}
+    log(f"deploy: ready at {running.url} after {running.ready_seconds:.1f} s; smoke test on {len(images)} images")
+    try:
+        result = smoke_test(running.url, params.serve.model_name, images, labels)
+    except StageError:
+        log(container.logs(engine, running.name))
+        if not config.keep_running:
+            container.remove(engine, running.name)
+        raise
+    if not config.keep_running:
+        stop_seconds, exit_code = container.stop(engine, running.name)
+        container.remove(engine, running.name)
+        report |= {"stop_seconds": round(stop_seconds, 2), "exit_code": exit_code}
+    variant = image.variant
+    expected = reference.accuracy
+    expected_source = f"evaluate ({predictions_file.PREDICTIONS_PATH})"
+    if variant != "fp32-onnx" and image.model_accuracy is not None and not config.smoke_images:
+        expected = float(image.model_accuracy)
+        expected_source = f"optimize's recorded accuracy of {variant}"
+    agreement = float(np.mean(np.asarray(reference.predicted) == np.asarray(result.predictions)))
+    report |= {
+        "images": result.images,
+        "accuracy": result.accuracy,
+        "expected_accuracy": expected,
+        "expected_from": expected_source,
+        "evaluate_accuracy": reference.accuracy,
+        "agreement_with_evaluate": agreement,
+        "png_checked": result.png_checked,
+        "png_agree_with_tensor": result.png_agree,
+        "smoke_seconds": round(result.seconds, 2),
+        "served_model": result.model,
+        "variant": variant,
+    }
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    metrics: dict[str, Any] = {k: report[k] for k in ("accuracy", "evaluate_accuracy", "ready_seconds") if k in report}
+    if "stop_seconds" in report:
+        metrics["stop_seconds"] = report["stop_seconds"]
+    (REPORT_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log(
+        f"deploy: accuracy through the API {result.accuracy:.4f} on {result.images} images "
+        f"(expected {expected:.4f} from {expected_source}; PNG path agrees on {result.png_agree}/{result.png_checked})"
+        + (
+            f"; stopped in {report['stop_seconds']:.1f} s"
+            if "stop_seconds" in report
+            else f"; running at {running.url}"
+        )
+    )
+    if abs(result.accuracy - expected) > config.accuracy_tolerance + 1e-12:
+        raise StageError(
+            f"smoke test failed: accuracy through the API {result.accuracy:.4f} differs from {expected:.4f} "
+            f"({expected_source}) by more than deploy.accuracy_tolerance {config.accuracy_tolerance}"
+        )
+    if result.png_agree != result.png_checked:
+        raise StageError(
+            f"smoke test failed: /v1/predict (PNG) and OIP (tensor) disagree on "
+            f"{result.png_checked - result.png_agree} of {result.png_checked} images"
+        )

@@ -1,0 +1,168 @@
+"""The evaluate stage: the trained model on the test split; a quality gate.
+
+Reads models/model.pt and data/prepared/test.npz. Writes reports/evaluate/metrics.json (DVC metrics:
+accuracy, macro F1, per-class accuracy, the worst classes), confusion.csv (one row per test image,
+`actual,predicted`: DVC's confusion plot), confusion.png, predictions.json (artifacts.predictions: what
+deploy's smoke test must reproduce through the API), and logs all of it to one MLflow run.
+`evaluate.min_accuracy` fails the stage (StageError) when the test accuracy is below it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Any
+
+import numpy as np
+
+from pipeline import console
+from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts import predictions as predictions_file
+from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
+from pipeline.config import Params
+from pipeline.errors import StageError
+from pipeline.tracking import stage_run
+
+EVAL_REPORTS = REPORTS_DIR / "evaluate"
+
+
+def predict(model: Any, images: Any, batch_size: int) -> np.ndarray:
+    """Class ids for uint8 NCHW images, in batches."""
+    import torch
+
+    from pipeline.data.loader import to_float
+
+    out = []
+    with torch.no_grad():
+        for start in range(0, images.shape[0], batch_size):
+            out.append(model(to_float(images[start : start + batch_size])).argmax(1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def compute_metrics(labels: np.ndarray, preds: np.ndarray, classes: list[str], worst: int) -> dict[str, Any]:
+    """Accuracy, macro F1 (over classes present in the labels or predictions), per-class accuracy
+    (recall) for the classes present in the labels, the confusion matrix and the `worst` classes."""
+    k = len(classes)
+    cm = np.zeros((k, k), dtype=np.int64)
+    np.add.at(cm, (labels.astype(np.int64), preds.astype(np.int64)), 1)
+    support = cm.sum(1)
+    predicted = cm.sum(0)
+    tp = np.diag(cm)
+    present = (support > 0) | (predicted > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(predicted > 0, tp / np.maximum(predicted, 1), 0.0)
+        recall = np.where(support > 0, tp / np.maximum(support, 1), 0.0)
+        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+    per_class = {
+        classes[i]: {"class_id": i, "accuracy": float(recall[i]), "support": int(support[i]), "f1": float(f1[i])}
+        for i in range(k)
+        if support[i] > 0
+    }
+    ranked = sorted((i for i in range(k) if support[i] > 0), key=lambda i: (recall[i], -support[i]))
+    worst_classes = [
+        {
+            "class_id": i,
+            "name": classes[i],
+            "accuracy": float(recall[i]),
+            "support": int(support[i]),
+            "most_confused_with": classes[int(np.argmax(np.where(np.arange(k) == i, -1, cm[i])))]
+            if recall[i] < 1
+            else None,
+        }
+        for i in ranked[:worst]
+    ]
+    return {
+        "accuracy": float(tp.sum() / max(1, len(labels))),
+        "macro_f1": float(f1[present].mean()) if present.any() else 0.0,
+        "errors": int(len(labels) - tp.sum()),
+        "images": len(labels),
+        "per_class": per_class,
+        "worst_classes": worst_classes,
+        "confusion_matrix": cm.tolist(),
+    }
+
+
+def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any], classes: list[str]) -> None:
+    EVAL_REPORTS.mkdir(parents=True, exist_ok=True)
+    summary = {k: v for k, v in metrics.items() if k != "confusion_matrix"}
+    (EVAL_REPORTS / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with (EVAL_REPORTS / "confusion.csv").open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["actual", "predicted"])
+        for a, p in zip(labels.tolist(), preds.tolist(), strict=True):
+            writer.writerow([classes[a], classes[p]])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = np.asarray(metrics["confusion_matrix"], dtype=np.float64)
+    rows = cm.sum(1, keepdims=True)
+    norm = np.divide(cm, rows, out=np.zeros_like(cm), where=rows > 0)
+    fig, ax = plt.subplots(figsize=(9, 8))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    ax.set(
+        xlabel="predicted class",
+        ylabel="actual class",
+        title=f"Test confusion matrix (accuracy {metrics['accuracy']:.4f}, {metrics['errors']} errors)",
+    )
+    ticks = list(range(len(classes)))
+    ax.set_xticks(ticks[::2])
+    ax.set_yticks(ticks[::2])
+    for i, j in zip(*np.nonzero((cm > 0) & ~np.eye(len(classes), dtype=bool)), strict=True):
+        ax.text(j, i, str(int(cm[i, j])), ha="center", va="center", fontsize=6, color="red")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(EVAL_REPORTS / "confusion.png", dpi=110)
+    plt.close(fig)
+
+
+def run(params: Params) -> None:
+    import torch
+
+    from pipeline.data.loader import load_split
+
+    cfg = params.evaluate
+    model, payload = model_file.read()
+    manifest = read_manifest(PREPARED_DIR)
+    if manifest.image_size != int(payload["arch"]["image_size"]):
+        raise StageError(
+            f"{model_file.MODEL_PATH} was trained at {payload['arch']['image_size']} px but {PREPARED_DIR} holds "
+            f"{manifest.image_size} px images: rerun `pipeline train`"
+        )
+    test = load_split("test")
+    classes = list(payload.get("classes") or manifest.classes)
+    if len(test) and int(test.labels.max()) >= len(classes):
+        raise StageError(f"{PREPARED_DIR / 'test.npz'} has labels beyond the model's {len(classes)} classes")
+    with stage_run("evaluate", params.tracking, {"evaluate": cfg.model_dump(), "model": payload["arch"]}) as mlrun:
+        mlrun.set_tags({"torch": torch.__version__})
+        preds = predict(model, test.images, cfg.batch_size)
+        labels = test.labels.numpy()
+        metrics = compute_metrics(labels, preds, classes, cfg.worst_classes)
+        write_reports(labels, preds, metrics, classes)
+        predictions_file.write(
+            predictions_file.Predictions(classes=classes, labels=labels.tolist(), predicted=preds.tolist())
+        )
+        mlrun.log_metrics(
+            {
+                "test_accuracy": metrics["accuracy"],
+                "test_macro_f1": metrics["macro_f1"],
+                "test_errors": metrics["errors"],
+            }
+        )
+        mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
+        for name in ("metrics.json", "confusion.csv", "confusion.png", "predictions.json"):
+            mlrun.log_artifact(EVAL_REPORTS / name, "reports")
+        worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
+        console.log(
+            f"test accuracy {metrics['accuracy']:.4f} ({metrics['errors']} errors in {metrics['images']}), "
+            f"macro F1 {metrics['macro_f1']:.4f}" + (f"; worst: {worst}" if worst else "")
+        )
+        mlrun.set_tags({"gate": "passed" if metrics["accuracy"] >= cfg.min_accuracy else "failed"})
+    if metrics["accuracy"] < cfg.min_accuracy:
+        raise StageError(
+            f"quality gate failed: test accuracy {metrics['accuracy']:.4f} is below evaluate.min_accuracy "
+            f"{cfg.min_accuracy:.4f} ({metrics['errors']} of {metrics['images']} test images wrong; "
+            f"see {EVAL_REPORTS / 'metrics.json'})"
+        )

@@ -1,0 +1,135 @@
+"""The optimize stage: verified variants of the trained model, one manifest, one registered model.
+
+    models/model.pt (artifacts.model) + data/prepared (artifacts.prepared)
+        --optimize.candidates: prune + distil, int8 (ONNX Runtime QDQ, torchao pt2e), ONNX export, bf16-->
+        models/variants/<file> + models/manifest.json (artifacts.variants), reports/optimize/{metrics.json,
+        variants.md}; one MLflow run whose accepted variants are registered as versions of
+        `tracking.registered_model_name`.
+
+Variants: fp32 (the trained model), fp32-onnx, int8-onnx, int8-pt2e, bf16 (native bf16 CPUs only, or
+bf16=on), pruned, pruned-onnx, pruned-int8-onnx.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipeline import console
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts import variants as variants_file
+from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
+from pipeline.artifacts.variants import Variant
+from pipeline.config import Params
+from pipeline.optimize.candidates import Optimizer, build_manifest, markdown_table
+from pipeline.tracking import stage_run, tracking_uri
+
+OPTIMIZE_REPORTS = REPORTS_DIR / "optimize"
+
+
+def register_variants(
+    params: Params, run_id: str, variants: list[Variant], artifact_uri: Callable[[str], str]
+) -> list[int]:
+    """One version of the registered model per accepted variant, tagged; returns the version numbers."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri(params.tracking))
+    name = params.tracking.registered_model_name
+    try:
+        client.create_registered_model(name, description="GTSRB traffic-sign classifier variants")
+    except MlflowException as exc:
+        if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+            raise
+    versions = []
+    for v in variants:
+        mv = client.create_model_version(
+            name,
+            source=artifact_uri(f"variants/{v.name}"),
+            run_id=run_id,
+            tags={
+                "variant": v.name,
+                "format": v.format,
+                "precision": v.precision,
+                "accuracy": f"{v.accuracy:.6f}",
+                "accuracy_drop": f"{v.accuracy_drop:.6f}",
+                "size_bytes": str(v.size_bytes),
+                "parameters": str(v.parameters),
+                "sha256": v.sha256,
+                "runtimes": ",".join(v.runtimes),
+            },
+            description=f"{v.name}: top-1 {v.accuracy:.4f}, {v.size_bytes} bytes",
+        )
+        versions.append(int(mv.version))
+    return versions
+
+
+def run(params: Params) -> None:
+    cfg = params.optimize
+    prepared = read_manifest(PREPARED_DIR)
+    model, payload = model_file.read()
+    model_file.check_against(payload, model_file.MODEL_PATH, len(prepared.classes), prepared.image_size)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    staging = MODELS_DIR / "variants.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    opt = Optimizer(params, staging, prepared)
+    with stage_run("optimize", params.tracking, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
+        mlrun.set_tags({"machine": platform.machine(), "torch": torch.__version__})
+        opt.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
+        # Ship: only accepted files move into models/variants/, then the manifest naming them is written.
+        manifest = variants_file.publish(staging, build_manifest(params, prepared, payload, opt))
+        manifest_path = MODELS_DIR / variants_file.MANIFEST_NAME
+
+        OPTIMIZE_REPORTS.mkdir(parents=True, exist_ok=True)
+        metrics: dict[str, Any] = {
+            "baseline_accuracy": manifest.baseline_accuracy,
+            "test_images": manifest.test_images,
+            "shipped": [v.name for v in manifest.accepted()],
+            "rejected": {v.name: v.reason for v in manifest.variants if not v.accepted},
+            "variants": {
+                v.name: {
+                    "accuracy": v.accuracy,
+                    "accuracy_drop": v.accuracy_drop,
+                    "size_bytes": v.size_bytes,
+                    "parameters": v.parameters,
+                    "accepted": v.accepted,
+                    **(
+                        {"parity_max_abs_diff": v.parity.max_abs_diff, "parity_top1_agreement": v.parity.top1_agreement}
+                        if v.parity
+                        else {}
+                    ),
+                }
+                for v in manifest.variants
+            },
+        }
+        (OPTIMIZE_REPORTS / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (OPTIMIZE_REPORTS / "variants.md").write_text(markdown_table(manifest))
+
+        for v in manifest.variants:
+            key = v.name
+            mlrun.log_metrics(
+                {f"{key}.accuracy": v.accuracy, f"{key}.size_bytes": v.size_bytes, f"{key}.accepted": v.accepted}
+            )
+        mlrun.log_artifact(manifest_path, "reports")
+        mlrun.log_artifact(OPTIMIZE_REPORTS / "metrics.json", "reports")
+        mlrun.log_artifact(OPTIMIZE_REPORTS / "variants.md", "reports")
+        if mlrun.active and mlrun.run_id:
+            import mlflow
+
+            for v in manifest.accepted():
+                mlrun.log_artifact(MODELS_DIR / v.file, f"variants/{v.name}")
+            versions = register_variants(params, mlrun.run_id, manifest.accepted(), mlflow.get_artifact_uri)
+            console.log(f"registered {len(versions)} versions of {params.tracking.registered_model_name!r}: {versions}")
+    console.log("\n" + markdown_table(manifest))
+    console.log(
+        f"shipped {len(manifest.accepted())} variants in {MODELS_DIR / variants_file.VARIANTS_FOLDER}; "
+        f"manifest {manifest_path}"
+    )

@@ -1,0 +1,415 @@
+"""The train stage: the network on the prepared training split, resumable, on 1..N processes.
+
+One process by default; `train.nproc > 1` starts that many worker processes (gloo on CPU, nccl on CUDA),
+and a run under torchrun uses torchrun's processes. Every `train.checkpoint_every` steps and at the end,
+the model, optimizer and loader position are saved with torch.distributed.checkpoint; rerunning the stage
+resumes from the last complete checkpoint, with any number of processes, at the same global sample.
+
+    data/prepared (artifacts.prepared) --training.engine--> models/model.pt (artifacts.model)
+        + models/checkpoints/ (training.checkpoint), reports/train/{metrics.json, history.csv, curves.png}
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeline import console, nets
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
+from pipeline.config import Params
+from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split
+from pipeline.errors import StageError
+from pipeline.tracking import git_commit, metrics_logger, stage_run
+from pipeline.training import checkpoint as ckpt
+from pipeline.training import distributed
+from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr
+
+CHECKPOINTS_DIR = MODELS_DIR / "checkpoints"
+TRAIN_REPORTS = REPORTS_DIR / "train"
+# Test hook: SIGKILL this process right after the given global step (and its checkpoint, if any).
+KILL_AFTER_STEP_ENV = "PIPELINE_KILL_AFTER_STEP"
+
+# DCP warns on every save/load without a process group that it assumes a single process: that is the intent.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+# Params that do not change the training trajectory: a checkpoint made with other values still resumes.
+_NOT_TRAJECTORY = {
+    "nproc",
+    "strategy",
+    "device",
+    "compile",
+    "threads",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_batch_size",
+}
+
+
+def fingerprint(params: Params, manifest: PreparedManifest) -> str:
+    """What a checkpoint must match to be resumed: model, recipe and data (its content hash included)."""
+    train = {k: v for k, v in params.train.model_dump().items() if k not in _NOT_TRAJECTORY}
+    blob = json.dumps(
+        {
+            "model": params.model.model_dump(),
+            "train": train,
+            "augment": params.augment.model_dump(),
+            "regularize": params.regularize.model_dump(),
+            "image_size": manifest.image_size,
+            "mean": manifest.mean,
+            "std": manifest.std,
+            "data": manifest.content_sha256,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def model_arch(params: Params, manifest: PreparedManifest) -> dict[str, object]:
+    """The network's description, saved with the weights: the one record both building and loading use."""
+    m = params.model
+    return nets.arch_kwargs(
+        m.name, manifest.image_size, m.width, m.dropout, len(manifest.classes), m.input_norm, m.members
+    )
+
+
+def build_model(params: Params, manifest: PreparedManifest) -> nn.Module:
+    return nets.build_from_arch(model_arch(params, manifest), manifest.mean, manifest.std)
+
+
+# ----------------------------------------------------------------------------------------------- worker
+
+
+def worker(
+    rank: int,
+    world: int,
+    params: Params,
+    resume: ckpt.Resume | None,
+    log: Callable[[Mapping[str, float], int], None],
+) -> dict[str, Any]:
+    """Train in this process (one of `world`); returns the final summary on rank 0."""
+    t = params.train
+    d = distributed.place(rank, world, t.device, t.threads)
+    amp = distributed.amp_dtype(t.amp, d.device)
+
+    manifest = read_manifest(PREPARED_DIR)
+    train_split = load_split("train")
+    val_split = load_split("val")
+    loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
+
+    torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
+    # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
+    model = build_model(params, manifest).to(device=d.device)
+    model = distributed.wrap_model(model, t.strategy, d)
+    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay)
+    forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
+
+    trainer: dict[str, Any] = {"history": [], "epoch_loss": 0.0, "epoch_samples": 0, "train_seconds": 0.0}
+    if resume is not None:
+        ckpt.load(resume.folder, model, optim)
+        loader.load_state_dict(resume.state["loader"])
+        trainer = {k: resume.state[k] for k in trainer}
+        if d.main:
+            console.log(f"resumed from {resume.folder} (epoch {loader.epoch + 1}, step {resume.state['step']})")
+
+    spe = loader.steps_per_epoch
+    total = t.epochs * spe
+
+    def lr_at(s: int) -> float:
+        return one_cycle_lr(s, total, t.lr, t.warmup_fraction)
+
+    # Logit adjustment (Menon et al., 2021): training on logits + tau * log(class prior) makes the plain
+    # logits at inference estimate a class-balanced posterior, so rare classes are not out-voted.
+    prior_shift = None
+    if t.logit_adjustment > 0:
+        counts = torch.bincount(loader.split.labels, minlength=len(manifest.classes)).clamp_(min=1).float()
+        prior_shift = (t.logit_adjustment * torch.log(counts / counts.sum())).to(d.device)
+    engine = Engine(
+        model,
+        optim,
+        lr_at,
+        Loss(label_smoothing=params.regularize.label_smoothing, prior_shift=prior_shift),
+        forward=forward,
+        d=d,
+        amp=amp,
+        seed=t.seed,
+    )
+
+    step = loader.epoch * spe + loader.step_in_epoch
+    kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
+    last_saved = step if resume is not None else -1
+    clock = {"start": time.perf_counter(), "saving": 0.0}  # this session's epoch: training time only
+
+    def training_seconds() -> float:
+        return time.perf_counter() - clock["start"] - clock["saving"]
+
+    def state_now() -> dict[str, Any]:
+        return {
+            "step": step,
+            "loader": loader.state_dict(),
+            "fingerprint": fingerprint(params, manifest),
+            "world_size": world,
+            "strategy": t.strategy if world > 1 else "single",
+            **trainer,
+            "train_seconds": trainer["train_seconds"] + training_seconds(),
+        }
+
+    for entry in trainer["history"] if d.main else []:  # a resumed run's MLflow run gets the whole curve
+        log({k: v for k, v in entry.items() if k != "epoch"}, int(entry["epoch"]))
+
+    model.train()
+    while loader.epoch < t.epochs:
+        epoch = loader.epoch
+        remaining = spe - loader.step_in_epoch
+        session_samples = 0
+        clock.update(start=time.perf_counter(), saving=0.0)
+        batches = iter(loader)
+        if d.main:
+            batches = console.progress(batches, remaining, f"epoch {epoch + 1}/{t.epochs}")
+        lr = lr_at(max(step - 1, 0))  # the last step's, if none is left
+        for batch in batches:
+            lr = lr_at(step)
+            trainer["epoch_loss"] += engine.step(step, batch.images, batch.labels, batch.global_size)
+            step += 1
+            trainer["epoch_samples"] += len(batch.labels)
+            session_samples += len(batch.labels)
+            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
+                saving_from = time.perf_counter()
+                ckpt.save(CHECKPOINTS_DIR, step, model, optim, state_now(), d, t.keep_checkpoints)
+                last_saved = step
+                clock["saving"] += time.perf_counter() - saving_from  # saving is not training time
+            if kill_after and step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        elapsed = training_seconds()
+        trainer["train_seconds"] += elapsed
+
+        loss_tensor = torch.tensor(
+            [trainer["epoch_loss"], trainer["epoch_samples"], session_samples / max(elapsed, 1e-9)],
+            dtype=torch.float64,
+        )
+        if world > 1:
+            dist.all_reduce(loss_tensor)
+        val_acc = accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
+        entry = {
+            "epoch": epoch + 1,
+            "train_loss": float(loss_tensor[0] / max(1.0, float(loss_tensor[1]))),
+            "val_accuracy": val_acc,
+            "lr": lr,
+            "images_per_s": float(loss_tensor[2]),
+        }
+        trainer["epoch_loss"], trainer["epoch_samples"] = 0.0, 0
+        if not (trainer["history"] and trainer["history"][-1]["epoch"] == entry["epoch"]):
+            trainer["history"].append(entry)
+        if d.main:
+            console.log(
+                f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {val_acc:.4f}, "
+                f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
+            )
+            log({k: v for k, v in entry.items() if k != "epoch"}, epoch + 1)
+
+    if last_saved != step:
+        ckpt.save(CHECKPOINTS_DIR, step, model, optim, state_now(), d, t.keep_checkpoints)
+    full = ckpt.full_state_dict(model)
+    summary: dict[str, Any] = {}
+    if d.main:
+        model_file.write(
+            model_file.MODEL_PATH, model_arch(params, manifest), manifest.mean, manifest.std, manifest.classes, full
+        )
+        history = trainer["history"]
+        summary = {
+            "val_accuracy": history[-1]["val_accuracy"] if history else float("nan"),
+            "train_loss": history[-1]["train_loss"] if history else float("nan"),
+            "epochs": t.epochs,
+            "steps": step,
+            "train_seconds": trainer["train_seconds"],
+            "images_per_s": (step * t.batch_size) / max(trainer["train_seconds"], 1e-9),
+            "parameters": nets.count_parameters(model),
+            "world_size": world,
+            "device": str(d.device),
+            "history": history,
+        }
+    d.barrier()
+    return summary
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+def _spawned(
+    rank: int,
+    world: int,
+    params_json: str,
+    resume: ckpt.Resume | None,
+    run_id: str | None,
+    port: int,
+    result_path: str,
+) -> None:
+    params = Params.model_validate_json(params_json)
+    distributed.init_local_group(rank, world, distributed.choose_device(params.train.device), port)
+    try:
+        log = metrics_logger(params.tracking, run_id) if rank == 0 else _no_log
+        summary = worker(rank, world, params, resume, log)
+        if rank == 0:
+            Path(result_path).write_text(json.dumps(summary))
+    finally:
+        dist.destroy_process_group()
+
+
+def _no_log(metrics: Mapping[str, float], step: int) -> None:
+    return None
+
+
+def _find_resume(params: Params, manifest: PreparedManifest, main: bool) -> ckpt.Resume | None:
+    if main:
+        for partial in ckpt.partial_folders(CHECKPOINTS_DIR):
+            console.log(f"ignoring incomplete checkpoint {partial} (interrupted while saving)")
+    resume = ckpt.latest(CHECKPOINTS_DIR)
+    if resume is None:
+        return None
+    if resume.state.get("fingerprint") != fingerprint(params, manifest):
+        if main:
+            console.log(f"{CHECKPOINTS_DIR} holds a run with other params or data: starting over")
+        return None
+    return resume
+
+
+def _check_inputs() -> PreparedManifest:
+    manifest = read_manifest(PREPARED_DIR)
+    for split in ("train", "val"):
+        if not (PREPARED_DIR / f"{split}.npz").exists():
+            raise StageError(f"{PREPARED_DIR / f'{split}.npz'} not found: run `pipeline prepare` first")
+    return manifest
+
+
+def _environment(params: Params, world: int) -> dict[str, str]:
+    device = distributed.choose_device(params.train.device)
+    return {
+        "torch": torch.__version__,
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "backend": distributed.backend_for(device) if world > 1 else "none",
+        "world_size": str(world),
+        "strategy": params.train.strategy if world > 1 else "single",
+        "compile": str(params.train.compile),
+        "amp": str(distributed.amp_dtype(params.train.amp, device)),
+        "cpu_threads": str(distributed.cpu_threads(params.train.threads, world)),
+        "git_commit": git_commit(),
+    }
+
+
+def _tracked_params(params: Params) -> dict[str, Any]:
+    return params.model_dump(mode="json")
+
+
+def run(params: Params) -> None:
+    under_torchrun = distributed.torchrun_world()
+    if under_torchrun is not None:
+        _run_torchrun(params, *under_torchrun)
+        return
+    manifest = _check_inputs()
+    world = params.train.nproc
+    device = distributed.choose_device(params.train.device)
+    if device.type == "cuda" and world > torch.cuda.device_count():
+        raise StageError(f"train.nproc is {world} but only {torch.cuda.device_count()} CUDA devices exist")
+    resume = _find_resume(params, manifest, main=True)
+    if resume is None and ckpt.complete_folders(CHECKPOINTS_DIR):
+        shutil.rmtree(CHECKPOINTS_DIR)
+    wall = time.perf_counter()
+    with stage_run("train", params.tracking, _tracked_params(params), system_metrics=True) as mlrun:
+        mlrun.set_tags(_environment(params, world))
+        if resume is not None:
+            mlrun.set_tags({"resumed_from": str(resume.folder)})
+        if world == 1:
+            summary = worker(0, 1, params, resume, mlrun.log_metrics)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = Path(tmp) / "summary.json"
+                args = (world, params.model_dump_json(), resume, mlrun.run_id, distributed.free_port(), str(result))
+                distributed.spawn(_spawned, world, args)
+                summary = json.loads(result.read_text())
+        _finish(mlrun, summary, wall)
+
+
+def _finish(mlrun: Any, summary: dict[str, Any], wall: float) -> None:
+    """Reports, final metrics and artifacts of the stage's MLflow run, and the closing log line."""
+    summary["wall_seconds"] = time.perf_counter() - wall
+    write_reports(summary)
+    mlrun.log_metrics({"final_val_accuracy": summary["val_accuracy"], "train_seconds": summary["train_seconds"]})
+    for path in (TRAIN_REPORTS / "metrics.json", TRAIN_REPORTS / "history.csv", TRAIN_REPORTS / "curves.png"):
+        mlrun.log_artifact(path, "reports")
+    mlrun.log_artifact(model_file.MODEL_PATH, "model")
+    console.log(
+        f"trained {summary['epochs']} epochs ({summary['steps']} steps) in {summary['train_seconds']:.0f} s "
+        f"on {summary['world_size']} process(es): val accuracy {summary['val_accuracy']:.4f}; "
+        f"model in {model_file.MODEL_PATH}"
+    )
+
+
+def _run_torchrun(params: Params, rank: int, world: int) -> None:
+    """Under torchrun: every process calls run(); rank 0 owns the MLflow run and the reports."""
+    manifest = _check_inputs()
+    dist.init_process_group(distributed.backend_for(distributed.choose_device(params.train.device)))
+    try:
+        resume = _find_resume(params, manifest, main=rank == 0)
+        if rank == 0 and resume is None and ckpt.complete_folders(CHECKPOINTS_DIR):
+            shutil.rmtree(CHECKPOINTS_DIR)
+        dist.barrier()
+        if rank != 0:
+            worker(rank, world, params, resume, _no_log)
+            return
+        wall = time.perf_counter()
+        with stage_run("train", params.tracking, _tracked_params(params), system_metrics=True) as mlrun:
+            mlrun.set_tags(_environment(params, world))
+            if resume is not None:
+                mlrun.set_tags({"resumed_from": str(resume.folder)})
+            summary = worker(rank, world, params, resume, mlrun.log_metrics)
+            _finish(mlrun, summary, wall)
+    finally:
+        dist.destroy_process_group()
+
+
+# -------------------------------------------------------------------------------------------- reports
+
+
+def write_reports(summary: Mapping[str, Any]) -> None:
+    """reports/train/metrics.json (DVC metrics), history.csv (DVC plots) and curves.png, from one source."""
+    TRAIN_REPORTS.mkdir(parents=True, exist_ok=True)
+    history: list[dict[str, Any]] = list(summary.get("history", []))
+    metrics = {k: v for k, v in summary.items() if k != "history"}
+    (TRAIN_REPORTS / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    fields = ["epoch", "train_loss", "val_accuracy", "lr", "images_per_s"]
+    with (TRAIN_REPORTS / "history.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for entry in history:
+            writer.writerow({k: entry[k] for k in fields})
+    if history:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        epochs = [e["epoch"] for e in history]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        ax1.plot(epochs, [e["train_loss"] for e in history], marker="o")
+        ax1.set(xlabel="epoch", ylabel="train loss", title="Training loss")
+        ax2.plot(epochs, [e["val_accuracy"] for e in history], marker="o", color="tab:green")
+        ax2.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
+        fig.tight_layout()
+        fig.savefig(TRAIN_REPORTS / "curves.png", dpi=100)
+        plt.close(fig)

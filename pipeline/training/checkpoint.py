@@ -1,0 +1,184 @@
+"""Training checkpoints: torch.distributed.checkpoint (DCP) folders, written atomically and verified.
+
+Layout: `models/checkpoints/step_00000123/` holds DCP's files (`.metadata`, `__0_0.distcp`, ...), the
+trainer's state (`trainer.json`: step, loader position, history) and, written last, `COMPLETE.json`
+with the size and SHA-256 of every other file. A folder is written as `step_....partial` and renamed
+only once complete, so a run killed while saving leaves a `.partial` folder that is ignored (and removed
+by the next save). A complete folder whose files no longer match `COMPLETE.json` is corrupt: resuming
+stops with its name instead of using it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.checksum import sha256_of
+from pipeline.errors import StageError
+
+MARKER = "COMPLETE.json"
+TRAINER_STATE = "trainer.json"
+PARTIAL_SUFFIX = ".partial"
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def folder_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def seal(partial: Path, trainer_state: dict[str, Any]) -> Path:
+    """Write the trainer state and the marker into a fully written `.partial` folder, then rename it.
+    Called by one process after every process has finished writing its DCP shards."""
+    (partial / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(partial.rglob("*")):
+        if path.is_file() and path.name != MARKER:
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+            files[str(path.relative_to(partial))] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+    marker = partial / MARKER
+    marker.write_text(json.dumps({"files": files}, indent=1))
+    with marker.open("rb") as fh:
+        os.fsync(fh.fileno())
+    final = partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX))
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def complete_folders(root: Path) -> list[Path]:
+    """Complete-looking checkpoint folders (named step_NNNNNNNN), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
+    return sorted(found, key=lambda p: p.name)
+
+
+def partial_folders(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(PARTIAL_SUFFIX))
+
+
+def verify(folder: Path) -> dict[str, Any]:
+    """Check every file against the marker; return the trainer state. StageError names what is wrong."""
+    marker = folder / MARKER
+    hint = f"delete {folder} to resume from an older checkpoint, or models/checkpoints to start over"
+    if not marker.exists():
+        raise StageError(f"checkpoint {folder} is incomplete: {MARKER} is missing ({hint})")
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        raise StageError(f"checkpoint {folder} is corrupt: {MARKER} cannot be read ({hint})") from None
+    for name, info in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise StageError(f"checkpoint {folder} is corrupt: {name} is missing ({hint})")
+        size = path.stat().st_size
+        if size != info["size"]:
+            raise StageError(
+                f"checkpoint {folder} is corrupt: {name} has {size} bytes, expected {info['size']} "
+                f"(truncated?) ({hint})"
+            )
+        if sha256_of(path) != info["sha256"]:
+            raise StageError(f"checkpoint {folder} is corrupt: {name} fails its SHA-256 check ({hint})")
+    if TRAINER_STATE not in files:
+        raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is missing ({hint})")
+    try:
+        state: dict[str, Any] = json.loads((folder / TRAINER_STATE).read_text())
+    except ValueError:
+        raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is not JSON ({hint})") from None
+    return state
+
+
+@dataclass(frozen=True)
+class Resume:
+    folder: Path
+    state: dict[str, Any]
+
+
+def latest(root: Path) -> Resume | None:
+    """The newest complete checkpoint, verified; None when there is none. Never falls back silently:
+    a corrupt newest checkpoint raises StageError naming it."""
+    folders = complete_folders(root)
+    if not folders:
+        return None
+    folder = folders[-1]
+    return Resume(folder, verify(folder))
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove leftover `.partial` folders and all but the `keep` newest complete checkpoints."""
+    for path in partial_folders(root):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in complete_folders(root)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ DCP: the model and optimizer state
+
+
+def save(root: Path, step: int, model: Any, optim: Any, trainer_state: dict[str, Any], d: Any, keep: int) -> Path:
+    """Every process writes its shard of model + optimizer state into `root/step_N.partial`; then rank 0
+    seals it (trainer state, marker) and prunes old folders. `d` is the caller's training.distributed.Dist."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    partial = root / (folder_name(step) + PARTIAL_SUFFIX)
+    if d.main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    d.barrier()
+    model_sd, optim_sd = get_state_dict(model, optim)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+    d.barrier()
+    final = root / folder_name(step)
+    if d.main:
+        seal(partial, trainer_state)
+        prune(root, keep)
+    d.barrier()
+    return final
+
+
+def load(folder: Path, model: Any, optim: Any) -> None:
+    """Load a verified folder's model + optimizer state in place (resharded to this run's processes)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optim)
+    try:
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))  # loads in place
+    except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise StageError(f"checkpoint {folder} cannot be loaded ({type(exc).__name__}: {first})") from None
+    set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def full_state_dict(model: Any) -> dict[str, Any]:
+    """The whole model's weights on CPU (gathered from every process when sharded)."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in sd.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,120 @@
+"""Devices, bf16 autocast and processes: one place for what differs between 1 CPU process, N gloo processes,
+torchrun and CUDA (nccl)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeline.errors import StageError
+from pipeline.ports import free_port
+
+__all__ = ["Dist", "free_port"]
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place: rank of `world`, on `device`."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+SINGLE = Dist(0, 1, torch.device("cpu"))
+
+
+def choose_device(wanted: str) -> torch.device:
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise StageError("train.device is cuda but no CUDA device is available")
+    if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def cpu_threads(threads: int, world: int) -> int:
+    """Threads per process: `threads`, or the cores split between the processes."""
+    return threads or max(1, (os.cpu_count() or 1) // world)
+
+
+def place(rank: int, world: int, wanted_device: str, threads: int) -> Dist:
+    """This process's device (one GPU per rank on CUDA) and CPU threads."""
+    device = choose_device(wanted_device)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cpu_threads(threads, world))
+    return Dist(rank, world, device)
+
+
+def wrap_model(model: nn.Module, strategy: str, d: Dist) -> nn.Module:
+    """DDP or FSDP2 (`fully_shard`, in place) over the process group; the model itself with one process."""
+    if d.world == 1:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [d.device.index] if d.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(d.device.type, (d.world,))
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def init_local_group(rank: int, world: int, device: torch.device, port: int) -> None:
+    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def spawn(target: Callable[..., None], world: int, args: tuple[Any, ...]) -> None:
+    """Run `target(rank, *args)` in `world` fresh processes; a failure in any becomes one StageError line."""
+    import torch.multiprocessing as mp
+
+    try:
+        mp.start_processes(target, args=args, nprocs=world, start_method="spawn")
+    except mp.ProcessRaisedException as exc:
+        last = str(exc).strip().splitlines()[-1]
+        raise StageError(f"a training process failed: {last}") from None
+    except mp.ProcessExitedException as exc:
+        raise StageError(f"a training process died: {exc}") from None
+
+
+def torchrun_world() -> tuple[int, int] | None:
+    """(rank, world) when this process was started by torchrun with more than one process."""
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None

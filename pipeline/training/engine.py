@@ -1,0 +1,144 @@
+"""One training engine: optimizer parameter groups, the LR schedule, the loss and the step.
+
+The train stage, optimize's fine-tune (with distillation from the unpruned model) and `pipeline bench train`
+all step through `Engine.step`, so a change to the recipe's mechanics happens in one place.
+
+The loss of a step is the sum over the *global* batch times world / global batch size: DDP and FSDP average
+gradients over the processes, so every process's gradient is that of the global mean. A committee's members
+(nets.Committee) each add their own mean loss, so each learns at the rate it would alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline import nets
+from pipeline.training.distributed import SINGLE, Dist, autocast
+
+DISTILL_TEMPERATURE = 2.0
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
+    """Weights decay; biases and BatchNorm parameters (1-D) do not."""
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def one_cycle_lr(step: int, total: int, peak: float, warmup_fraction: float) -> float:
+    """Linear warm-up from peak/25 to peak, then cosine decay to zero. `step` counts from 0; with no warm-up
+    it is a plain cosine decay from the peak."""
+    warm = int(total * warmup_fraction)
+    if step < warm:
+        return peak / 25 + (peak - peak / 25) * step / warm
+    span = max(1, total - warm)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / span)))
+
+
+def step_seed(*values: int) -> int:
+    """A seed from several integers (stable across runs and processes)."""
+    digest = hashlib.sha256(",".join(map(str, values)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@dataclass
+class Loss:
+    """Cross-entropy with label smoothing, optionally logit-adjusted and distilled from a teacher."""
+
+    label_smoothing: float = 0.0
+    prior_shift: torch.Tensor | None = None
+    """tau * log(class prior), added to the logits in training (logit adjustment, Menon et al. 2021)."""
+    teacher: nn.Module | None = None
+    distill: float = 0.0
+    """Weight of the KL term to the teacher's softened outputs (temperature DISTILL_TEMPERATURE)."""
+
+    def sums(self, logits: torch.Tensor, labels: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(the loss summed over the batch and the members, the label loss per member as a float)."""
+        logits = logits.float() if self.prior_shift is None else logits.float() + self.prior_shift
+        flat_logits, flat_labels = nets.member_loss_inputs(logits, labels)
+        label_sum = F.cross_entropy(flat_logits, flat_labels, reduction="sum", label_smoothing=self.label_smoothing)
+        per_member = float(label_sum.detach()) * len(labels) / len(flat_labels)
+        if self.teacher is None or self.distill <= 0:
+            return label_sum, per_member
+        members = len(flat_labels) // len(labels)
+        t = DISTILL_TEMPERATURE
+        with torch.no_grad():
+            target = F.log_softmax(self.teacher(images).float() / t, dim=1).repeat(members, 1)
+        kl_sum = F.kl_div(F.log_softmax(flat_logits / t, dim=1), target, log_target=True, reduction="sum") * (t * t)
+        return (1 - self.distill) * label_sum + self.distill * kl_sum, per_member
+
+
+class Engine:
+    """Steps a model: set the learning rate, seed dropout, forward (autocast), loss, backward, update."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_at: Callable[[int], float],
+        loss: Loss,
+        *,
+        forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        d: Dist = SINGLE,
+        amp: torch.dtype | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_at = lr_at
+        self.loss = loss
+        self.forward = forward or model
+        self.d = d
+        self.amp = amp
+        self.seed = seed
+
+    def step(self, step: int, images: torch.Tensor, labels: torch.Tensor, global_size: int) -> float:
+        """One update at global step `step` on this process's share of a global batch of `global_size`;
+        returns the label loss summed over this share (per member)."""
+        lr = self.lr_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        torch.manual_seed(step_seed(self.seed, step, self.d.rank))  # dropout: reproducible on resume
+        images = images.to(self.d.device, non_blocking=True)
+        labels = labels.to(self.d.device, non_blocking=True)
+        with autocast(self.d.device, self.amp):
+            logits = self.forward(images)
+        total, per_member = self.loss.sums(logits, labels, images)
+        loss = total * (self.d.world / global_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return per_member
+
+
+def accuracy(model: nn.Module, batches: object, d: Dist = SINGLE, amp: torch.dtype | None = None) -> float:
+    """Top-1 over (images, labels, valid) batches (data.loader.eval_batches); summed over the processes."""
+    import torch.distributed as dist
+
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad(), autocast(d.device, amp):
+        for images, labels, valid in batches:  # type: ignore[attr-defined]
+            logits = model(images.to(d.device, non_blocking=True))
+            pred = logits[:valid].argmax(1).cpu()
+            correct[0] += float((pred == labels[:valid]).sum())
+            correct[1] += valid
+    if d.world > 1:
+        dist.all_reduce(correct)
+    model.train(was_training)
+    return float(correct[0] / max(1.0, float(correct[1])))

@@ -1,0 +1,5 @@
+"""Shared test helpers (imported by tests; fixtures stay in conftest.py files)."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,76 @@
+"""Fake prepared data, written through the prepare stage's own writer (artifacts.prepared): the same files,
+manifest and checks as the real stage, with pixels a tiny network learns in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.artifacts import prepared
+from pipeline.artifacts.prepared import SPLITS, BadImages, PreparedManifest, SplitArrays, SplitInfo
+
+CLASSES = [f"class {i}" for i in range(43)]
+
+
+def _colours(labels: np.ndarray) -> np.ndarray:
+    ids = labels.astype(np.int64)
+    return np.stack([(ids * 37) % 256, (ids * 91) % 256, (ids * 53) % 256], axis=1)
+
+
+def noisy_colours(rng: np.random.Generator, count: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every class in turn: its colour over the whole image plus Gaussian noise."""
+    labels = (np.arange(count) % 43).astype(np.uint8)
+    noise = rng.normal(0.0, 25.0, size=(count, size, size, 3))
+    images = np.clip(_colours(labels).astype(np.float32)[:, None, None, :] + noise, 0, 255).astype(np.uint8)
+    return images, labels
+
+
+def coloured_squares(rng: np.random.Generator, count: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random classes: a dark noisy background with a class-coloured square."""
+    labels = rng.integers(0, 43, count)
+    images = rng.integers(0, 60, (count, size, size, 3)).astype(np.uint8)
+    colours = _colours(labels)
+    for i in range(count):
+        images[i, 2:-2, 2:-2] = colours[i]
+    return images, labels.astype(np.uint8)
+
+
+def write_prepared(
+    root: Path,
+    sizes: tuple[int, int, int] = (256, 86, 86),
+    image_size: int = 16,
+    seed: int = 0,
+    pixels: str = "noisy_colours",
+    mean: tuple[float, float, float] = (0.45, 0.4, 0.35),
+    std: tuple[float, float, float] = (0.25, 0.25, 0.25),
+) -> Path:
+    """data/prepared/ under `root` with `sizes` train/val/test images of all 43 classes."""
+    rng = np.random.default_rng(seed)
+    make = noisy_colours if pixels == "noisy_colours" else coloured_squares
+    arrays: dict[str, SplitArrays] = {}
+    for split, count in zip(SPLITS, sizes, strict=True):
+        images, labels = make(rng, count, image_size)
+        arrays[split] = SplitArrays(images, labels, np.full(count, -1, dtype=np.int32))
+    manifest = PreparedManifest(
+        dataset="synthetic",
+        layout="images: uint8 [N, H, W, 3] RGB; labels: uint8 [N]",
+        image_size=image_size,
+        roi_margin=0.1,
+        num_classes=len(CLASSES),
+        classes=CLASSES,
+        mean=list(mean),
+        std=list(std),
+        splits={
+            s: SplitInfo(
+                file=f"{s}.npz",
+                count=len(arrays[s]),
+                per_class=np.bincount(arrays[s].labels, minlength=43).tolist(),
+                tracks=None,
+            )
+            for s in SPLITS
+        },
+        bad_images=BadImages(count=0, of=sum(sizes), files=[]),
+        content_sha256=prepared.content_sha256(arrays),
+    )
+    return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR)

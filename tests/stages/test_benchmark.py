@@ -1,0 +1,139 @@
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.config import BenchmarkConfig
+from pipeline.errors import StageError
+from pipeline.stages import benchmark
+from pipeline.stages.benchmark import Result, Setup
+
+
+def _variant(name: str, runtimes: list[str], accepted: bool = True, accuracy: float = 0.99) -> SimpleNamespace:
+    return SimpleNamespace(name=name, runtimes=runtimes, accepted=accepted, accuracy=accuracy)
+
+
+def test_plan_covers_every_accepted_variant_backend_and_setting() -> None:
+    manifest = SimpleNamespace(
+        variants=[
+            _variant("fp32", ["torch-eager", "torch-compile"]),
+            _variant("fp32-onnx", ["onnxruntime"]),
+            _variant("bad", ["onnxruntime"], accepted=False),
+            SimpleNamespace(
+                name="int8-pt2e", runtimes=["torch-compile", "torch-eager"], accepted=True, format="torch-export"
+            ),
+        ]
+    )
+    facts = {"onednn_available": True, "isa": ["avx2"], "cuda": None}
+    setups, skipped = benchmark.plan(manifest, facts, BenchmarkConfig(threads=[0, 1]))
+    labels = {(s.variant, s.backend, s.setting, s.threads) for s in setups}
+    assert ("fp32", "torch-eager", "onednn-off", 0) in labels and ("fp32", "torch-eager", "onednn-on", 1) in labels
+    assert ("fp32", "torch-compile", "default", 0) in labels and ("fp32-onnx", "onnxruntime", "default", 1) in labels
+    assert not any(s.variant == "bad" for s in setups)
+    assert ("int8-pt2e", "torch-compile", "default", 0) in labels
+    assert not any(s.variant == "int8-pt2e" and s.backend == "torch-eager" for s in setups)
+    assert len(setups) == 10
+    assert [r.setup.setting for r in skipped] == ["bf16-fpmath", "default"]
+    assert "compiled only" in (skipped[1].error or "")
+
+    with_bf16, _ = benchmark.plan(manifest, facts | {"isa": ["avx512_bf16"]}, BenchmarkConfig(threads=[0]))
+    assert ("fp32", "torch-eager", "bf16-fpmath", 0) in {
+        (s.variant, s.backend, s.setting, s.threads) for s in with_bf16
+    }
+
+
+def _ok(variant: str, backend: str, throughput: float, accuracy: float, threads: int = 0, p50: float = 1.0) -> Result:
+    metrics = {"throughput_b32": throughput, "throughput_b256": throughput, "p50_ms": p50, "p99_ms": p50 * 2,
+               "accuracy": accuracy, "startup_s": 0.1, "peak_memory_mb": 100.0}  # fmt: skip
+    return Result(Setup(variant, backend, "default", threads), "ok", metrics=metrics)
+
+
+def test_choice_is_the_fastest_serving_setup_within_the_gate() -> None:
+    config = BenchmarkConfig(max_accuracy_drop=0.005, serving_backends=["onnxruntime"])
+    results = [
+        _ok("fp32", "torch-compile", 9000, 0.99),  # fastest, but the server image has no torch
+        _ok("int8-onnx", "onnxruntime", 8000, 0.97),  # fast but outside the gate
+        _ok("fp32-onnx", "onnxruntime", 3000, 0.99),
+        _ok("pruned-onnx", "onnxruntime", 5000, 0.986),  # within 0.5 points: chosen
+        _ok("pruned-onnx", "onnxruntime", 7000, 0.986, threads=1),  # single-thread rows never serve
+        Result(Setup("x", "onnxruntime", "default", 0), "failed", "boom"),
+    ]
+    chosen = benchmark.choose(results, 0.99, config)
+    assert chosen is not None and chosen.setup.variant == "pruned-onnx" and chosen.setup.threads == 0
+    assert benchmark.choose(results[:2], 0.99, config) is None
+
+
+def test_failing_setup_is_reported_and_the_rest_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no models/ here: the worker fails inside its own process
+    result = benchmark.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 120)
+    assert result.status == "failed" and "exit 1" in (result.error or "")
+    hung = benchmark.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 0.01)
+    assert hung.status == "failed" and "timed out" in (hung.error or "")
+
+
+def _report(path: Path, arch: str, base: float, fast: float) -> Path:
+    results = [_ok("fp32", "torch-eager", base, 0.99, p50=2.0), _ok("int8-onnx", "onnxruntime", fast, 0.989, p50=0.5)]
+    results[0] = Result(Setup("fp32", "torch-eager", "onednn-off", 0), "ok", metrics=results[0].metrics)
+    report = {"machine": {"architecture": arch, "cpu": "test cpu"}, "results": [
+        {"setup": vars(r.setup), "status": r.status, "error": r.error, "metrics": r.metrics} for r in results]}  # fmt: skip
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_compare_merges_reports_with_ratios_against_each_baseline(tmp_path: Path) -> None:
+    x86 = _report(tmp_path / "x86.json", "x86_64", 1000, 12000)
+    arm = _report(tmp_path / "arm.json", "aarch64", 500, 2000)
+    table = benchmark.compare([x86, arm])
+    rows = [line for line in table.splitlines() if line.startswith("| x86_64") or line.startswith("| aarch64")]
+    assert len(rows) == 4
+    assert "| x86_64 test cpu | int8-onnx | onnxruntime | default | 12,000 | 12.00× | 0.500 | 4.00× |" in table
+    assert "| aarch64 test cpu | int8-onnx | onnxruntime | default | 2,000 | 4.00× |" in table
+    with pytest.raises(StageError, match="not a benchmark report"):
+        benchmark.compare([tmp_path / "missing.json"])
+
+
+def test_markdown_table_marks_the_served_setup(tmp_path: Path) -> None:
+    report = json.loads(_report(tmp_path / "r.json", "x86_64", 1000, 12000).read_text())
+    report["chosen"] = report["results"][1]["setup"]
+    table = benchmark.markdown_table(report)
+    assert "int8-onnx **(served)**" in table and "12.00×" in table and "4.00×" in table
+
+
+def test_benchmark_stage_on_a_real_tiny_model(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import yaml
+
+    from pipeline.config import parse_params
+
+    work = tmp_path / "project"
+    shutil.copytree(tiny_project, work, symlinks=True)
+    monkeypatch.chdir(work)
+    raw = yaml.safe_load(Path("params.yaml").read_text())
+    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05}  # fmt: skip
+    benchmark.run(parse_params(raw))
+
+    report = json.loads(Path("reports/benchmark/report.json").read_text())
+    machine = report["machine"]
+    for key in ("architecture", "cpu", "cores", "isa", "torch", "blas", "onednn", "acl", "onnxruntime"):
+        assert key in machine
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    assert {(r["setup"]["variant"], r["setup"]["backend"]) for r in ok} >= {
+        ("fp32", "torch-eager"),
+        ("fp32-onnx", "onnxruntime"),
+    }
+    for r in ok:
+        assert set(r["metrics"]) == {"startup_s", "p50_ms", "p90_ms", "p99_ms", "throughput_b32", "throughput_b256",
+                                     "accuracy", "peak_memory_mb"}  # fmt: skip
+        assert r["metrics"]["p50_ms"] <= r["metrics"]["p99_ms"] and 0 <= r["metrics"]["accuracy"] <= 1
+    onednn = {r["setup"]["setting"] for r in ok if r["setup"]["backend"] == "torch-eager"}
+    assert onednn == {"onednn-off", "onednn-on"}
+    choice = json.loads(Path("models/serving.json").read_text())
+    assert choice["backend"] == "onnxruntime" and report["chosen"]["variant"] == choice["variant"]
+    assert "**(served)**" in Path("reports/benchmark/table.md").read_text()
+    assert Path("reports/benchmark/throughput.png").stat().st_size > 0
+    assert "Conv" in Path("reports/benchmark/profile.txt").read_text()

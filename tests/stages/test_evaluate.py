@@ -1,0 +1,82 @@
+"""The evaluate stage: metrics, reports and the quality gate's message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import nets
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts import predictions as predictions_file
+from pipeline.errors import StageError
+from pipeline.stages import evaluate
+from tests.helpers.params import train_params
+from tests.helpers.prepared import write_prepared
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    write_prepared(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def save_untrained_model(root: Path) -> None:
+    torch.manual_seed(0)
+    model = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=8)
+    arch = nets.arch_kwargs("signnet", 16, width=8)
+    classes = [f"class {i}" for i in range(43)]
+    model_file.write(root / model_file.MODEL_PATH, arch, [0.5] * 3, [0.25] * 3, classes, model.state_dict())
+
+
+def test_metrics_by_hand() -> None:
+    classes = ["a", "b", "c"]
+    labels = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    preds = np.array([0, 0, 0, 1, 1, 1, 2, 0])
+    m = evaluate.compute_metrics(labels, preds, classes, worst=2)
+    assert m["accuracy"] == pytest.approx(6 / 8)
+    assert m["errors"] == 2
+    f1 = [2 * 0.75 * 0.75 / 1.5, 2 * (2 / 3) * 1 / (2 / 3 + 1), 2 * 1 * 0.5 / 1.5]
+    assert m["macro_f1"] == pytest.approx(sum(f1) / 3)
+    assert m["per_class"]["c"]["accuracy"] == 0.5
+    assert [w["name"] for w in m["worst_classes"]] == ["c", "a"]
+    assert m["worst_classes"][0]["most_confused_with"] == "a"
+    assert m["confusion_matrix"] == [[3, 1, 0], [0, 2, 0], [1, 0, 1]]
+
+
+def test_reports_and_gate_failure_message(project: Path) -> None:
+    save_untrained_model(project)
+    raw = train_params().model_dump(mode="json")
+    raw["evaluate"] = {"min_accuracy": 0.99, "worst_classes": 3, "batch_size": 64}
+    params = type(train_params()).model_validate(raw)
+    with pytest.raises(StageError) as failure:
+        evaluate.run(params)
+    message = str(failure.value)
+    assert message.startswith("quality gate failed: test accuracy 0.")
+    assert "is below evaluate.min_accuracy 0.9900" in message and "\n" not in message
+    metrics = json.loads((project / "reports/evaluate/metrics.json").read_text())
+    assert set(metrics) >= {"accuracy", "macro_f1", "per_class", "worst_classes"}
+    assert len(metrics["worst_classes"]) == 3
+    rows = (project / "reports/evaluate/confusion.csv").read_text().splitlines()
+    assert rows[0] == "actual,predicted" and len(rows) == 1 + 86
+    written = predictions_file.read(project / predictions_file.PREDICTIONS_PATH)  # what deploy must reproduce
+    assert len(written.predicted) == 86 and written.accuracy == metrics["accuracy"]
+    assert [
+        f"{written.classes[a]},{written.classes[p]}" for a, p in zip(written.labels, written.predicted, strict=True)
+    ] == rows[1:]
+    assert (project / "reports/evaluate/confusion.png").stat().st_size > 0
+
+
+def test_gate_passes_when_met(project: Path) -> None:
+    save_untrained_model(project)
+    evaluate.run(train_params())  # min_accuracy 0: reports written, no error
+    assert (project / "reports/evaluate/metrics.json").exists()
+
+
+def test_missing_model_is_a_stage_error(project: Path) -> None:
+    with pytest.raises(StageError, match="run `pipeline train` first"):
+        evaluate.run(train_params())

@@ -1,0 +1,428 @@
+"""The optimize stage: pruning surgery, export parity, int8 gates, shipping and the MLflow registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pipeline import nets
+from pipeline.artifacts import model as model_file
+from pipeline.config import Params, parse_params
+from pipeline.errors import StageError
+from pipeline.optimize import export, prune, quantize
+from tests.helpers import model as model_helper
+from tests.helpers import prepared as prepared_helper
+
+MEAN, STD = [0.3, 0.3, 0.3], [0.25, 0.25, 0.25]
+
+
+def write_prepared(root: Path, size: int = 16) -> Path:
+    """430 train, 129 val and 129 test images of class-coloured squares."""
+    return prepared_helper.write_prepared(
+        root, (430, 129, 129), size, pixels="coloured_squares", mean=(0.3, 0.3, 0.3), std=(0.25, 0.25, 0.25)
+    )
+
+
+def write_model(root: Path, steps: int = 80, members: int = 1) -> Path:
+    return model_helper.write_model(root, steps=steps, members=members)
+
+
+def _randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            n = m.num_features
+            m.running_mean = torch.randn(n, generator=g) * 0.1
+            m.running_var = torch.rand(n, generator=g) + 0.5
+            m.weight.data = torch.rand(n, generator=g) + 0.5
+            m.bias.data = torch.randn(n, generator=g) * 0.1
+    return model.eval()
+
+
+@torch.no_grad()
+def _masked(model: nn.Module, amount: float, norm: str) -> nn.Module:
+    """The same pruning done by masking: a filter whose BN scale and shift are 0 outputs relu(0) = 0."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.BatchNorm2d)]
+    for conv, bn in zip(layers[::2], layers[1::2], strict=True):
+        assert isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)
+        n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
+        keep = torch.topk(prune.filter_norms(conv, norm, bn), n_keep).indices  # type: ignore[arg-type]
+        drop = torch.ones(conv.out_channels, dtype=torch.bool)
+        drop[keep] = False
+        bn.weight[drop] = 0.0
+        bn.bias[drop] = 0.0
+    return model
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_pruning_removes_channels_and_equals_masking(norm: str, tmp_path: Path) -> None:
+    import copy
+
+    torch.manual_seed(0)
+    model = _randomize_bn(nets.build("signnet", MEAN, STD, 32, width=8))
+    masked = _masked(copy.deepcopy(model), 0.5, norm)
+    pruned = copy.deepcopy(model)
+    report = prune.prune_filters(pruned, 0.5, norm)  # type: ignore[arg-type]
+    assert report.channels_before == [8, 8, 16, 16, 32, 32]
+    assert report.channels_after == [4, 4, 8, 8, 16, 16]
+    x = torch.rand(5, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), masked(x), atol=1e-5, rtol=1e-4)
+    assert nets.count_parameters(pruned) < 0.3 * nets.count_parameters(model)
+
+    like = {"arch": nets.arch_kwargs("signnet", 32, 8, 0.2), "mean": MEAN, "std": STD, "classes": []}
+    model_file.write_like(tmp_path / "full.pt", model, like)
+    model_file.write_like(tmp_path / "pruned.pt", pruned, like)
+    assert (tmp_path / "pruned.pt").stat().st_size < 0.5 * (tmp_path / "full.pt").stat().st_size
+    reloaded, _ = model_file.read(tmp_path / "pruned.pt")  # layers resized to the saved shapes
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), pruned(x))
+
+
+def test_pruning_flatten_classifier() -> None:
+    """trafficsignnet: the last conv feeds a Linear through Flatten (C x 6 x 6 columns per channel)."""
+    torch.manual_seed(0)
+    model = nets.build("trafficsignnet", MEAN, STD, 32).eval()
+    x = torch.rand(3, 3, 32, 32)
+    report = prune.prune_filters(model, 0.25, "l2")
+    assert report.channels_after == [24, 48]
+    linear = model.classifier[1]
+    assert isinstance(linear, nn.Linear) and linear.in_features == 48 * 36
+    assert model(x).shape == (3, 43)
+
+
+@pytest.mark.slow  # the dynamo exporter alone takes 20-80 s on 2 shared cores
+def test_export_parity(tmp_path: Path) -> None:
+    """The dynamo export has a dynamic batch and matches torch on several batch sizes."""
+    import onnx
+
+    from pipeline.runtimes.onnx import OnnxRuntime
+
+    torch.manual_seed(0)
+    model = _randomize_bn(nets.build("signnet", MEAN, STD, 16, width=4))
+    path = export.export_onnx(model, tmp_path / "m.onnx", 16)
+    graph = onnx.load(str(path)).graph
+    dim0 = graph.input[0].type.tensor_type.shape.dim[0]
+    assert graph.input[0].name == export.INPUT_NAME and dim0.dim_param and not dim0.dim_value
+    assert not list(tmp_path.glob("*.data")), "weights must be inside the .onnx file"
+    runtime = OnnxRuntime(path, "fp32-onnx", 16)
+    for n in (1, 7, 64):
+        x = torch.rand(n, 3, 16, 16)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        result = export.parity(ref, runtime.predict(x.numpy()), 1e-4, 1.0)
+        assert result.passed, result
+
+
+def test_parity_gate_catches_a_different_model() -> None:
+    ref = np.eye(4, dtype=np.float32)
+    assert export.parity(ref, ref + 1e-6, 1e-4, 1.0).passed
+    flipped = ref[:, ::-1].copy()
+    result = export.parity(ref, flipped, 10.0, 0.99)
+    assert not result.passed and result.top1_agreement == 0.0
+
+
+def test_cpu_feature_checks() -> None:
+    assert quantize.has_native_bf16({"bf16"}, "aarch64")
+    assert not quantize.has_native_bf16({"avx2"}, "x86_64")
+    assert quantize.has_native_bf16({"amx_bf16"}, "x86_64")
+    assert quantize.needs_reduce_range("x86_64", {"avx2", "fma"})
+    assert not quantize.needs_reduce_range("x86_64", {"avx512_vnni"})
+    assert not quantize.needs_reduce_range("aarch64", set())
+
+
+@pytest.mark.slow  # importing torchao's quantizers alone takes 15-60 s on 2 shared cores
+def test_quantizer_by_platform() -> None:
+    """x86 gets X86InductorQuantizer (reduce_range without VNNI), aarch64 the Arm quantizer."""
+    _, x86 = quantize.make_quantizer("x86_64", flags={"avx2"})
+    assert x86 == {"quantizer": "X86InductorQuantizer", "reduce_range": True}
+    _, vnni = quantize.make_quantizer("x86_64", flags={"avx512_vnni"})
+    assert vnni["reduce_range"] is False
+    _, arm = quantize.make_quantizer("aarch64")
+    assert arm["quantizer"] == "ArmInductorQuantizer"
+    with pytest.raises(ValueError, match="riscv64"):
+        quantize.make_quantizer("riscv64")
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+
+def _params(tmp: Path | None = None, tracking: bool = False, **optimize: object) -> Params:
+    raw = {
+        "data": {"image_size": 16},
+        "train": {"batch_size": 32},
+        "optimize": {
+            "prune_amount": 0.25,
+            "finetune_epochs": 1,
+            "finetune_batch_size": 32,
+            "calibration_images": 64,
+            "max_accuracy_drop": 0.02,
+            **optimize,
+        },
+        "tracking": {"enabled": tracking, "uri": "sqlite:///mlflow.db", "experiment": "test"},
+    }
+    return parse_params(raw)
+
+
+def test_missing_model_names_the_file(workdir: Path) -> None:
+    from pipeline.stages.optimize import run
+
+    write_prepared(workdir)
+    with pytest.raises(StageError, match=r"models/model.pt not found"):
+        run(_params())
+
+
+def test_mismatched_model_names_the_file(workdir: Path) -> None:
+    from pipeline.stages.optimize import run
+
+    write_prepared(workdir, size=16)
+    path = write_model(workdir, steps=0)
+    payload = torch.load(path, weights_only=True)
+    payload["arch"]["num_classes"] = 10
+    torch.save(payload, path)
+    with pytest.raises(StageError, match=r"models/model.pt: the model has 10 classes, the prepared data 43"):
+        run(_params())
+    payload["arch"]["num_classes"] = 43
+    del payload["state_dict"]["features.0.weight"]
+    torch.save(payload, path)
+    with pytest.raises(StageError, match=r"models/model.pt: the weights do not match"):
+        run(_params())
+    write_model(workdir, steps=0)
+    write_prepared(workdir, size=24)  # data re-prepared at another size
+    with pytest.raises(StageError, match=r"models/model.pt: the model was trained at 16x16"):
+        run(_params())
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(StageError, match=r"models/model.pt is not a model saved by"):
+        run(_params())
+
+
+def test_calibration_data_of_the_wrong_shape_names_the_file(workdir: Path) -> None:
+    from pipeline.stages.optimize import run
+
+    prepared = write_prepared(workdir)
+    write_model(workdir, steps=0)
+    np.savez(prepared / "train.npz", images=np.zeros((10, 16, 16), np.uint8), labels=np.zeros(10, np.uint8))
+    with pytest.raises(StageError, match=r"data/prepared/train.npz: images are uint8 \[10, 16, 16\]"):
+        run(_params())
+
+
+# -------------------------------------------------------------------------------- the stage, end to end
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One stage run on tiny data with tracking into a temporary MLflow store (about a minute on 2 cores),
+    on a committee of two networks like the default model. prune_amount 0.9 leaves too little of the
+    network: the pruned variants must be rejected."""
+    import os
+
+    from pipeline.stages.optimize import run
+
+    root = tmp_path_factory.mktemp("optimize")
+    write_prepared(root)
+    write_model(root, members=2)
+    old = Path.cwd()
+    os.chdir(root)
+    saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        run(_params(tracking=True, prune_amount=0.9, finetune_epochs=0))
+    finally:
+        os.chdir(old)
+        if saved is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
+    return root
+
+
+@pytest.mark.slow
+def test_stage_ships_only_accepted_variants(optimized: Path) -> None:
+    manifest = json.loads((optimized / "models" / "manifest.json").read_text())
+    by_name = {v["name"]: v for v in manifest["variants"]}
+    assert {"fp32", "fp32-onnx", "int8-onnx", "int8-pt2e", "pruned", "pruned-onnx"} <= set(by_name)
+    assert by_name["fp32-onnx"]["accepted"] and by_name["fp32-onnx"]["parity"]["passed"]
+    assert by_name["fp32-onnx"]["parity"]["max_abs_diff"] < 1e-3
+    for name in ("int8-onnx", "int8-pt2e"):  # made (the committee's graph quantizes), whatever the gate said
+        assert not by_name[name]["reason"].startswith("could not be made"), by_name[name]["reason"]
+    rejected = [v for v in manifest["variants"] if not v["accepted"]]
+    assert {"pruned", "pruned-onnx"} <= {v["name"] for v in rejected}
+    shipped = {p.name for p in (optimized / "models" / "variants").iterdir()}
+    for v in manifest["variants"]:
+        if v["accepted"]:
+            path = optimized / "models" / v["file"]
+            assert path.name in shipped and path.stat().st_size == v["size_bytes"]
+            assert v["accuracy_drop"] <= manifest["max_accuracy_drop"] + 1e-9
+        else:
+            assert v["file"] == "" and v["reason"]
+            assert not any(name.startswith(v["name"] + ".") for name in shipped)
+    assert manifest["input"]["shape"] == [-1, 3, 16, 16] and len(manifest["classes"]) == 43
+    metrics = json.loads((optimized / "reports" / "optimize" / "metrics.json").read_text())
+    assert set(metrics["rejected"]) == {v["name"] for v in rejected}
+    assert "| fp32-onnx |" in (optimized / "reports" / "optimize" / "variants.md").read_text()
+
+
+@pytest.mark.slow
+def test_pruning_shrinks_graph_and_file(optimized: Path) -> None:
+    manifest = json.loads((optimized / "models" / "manifest.json").read_text())
+    by_name = {v["name"]: v for v in manifest["variants"]}
+    assert by_name["pruned"]["parameters"] < 0.1 * by_name["fp32"]["parameters"]
+    assert by_name["pruned-onnx"]["size_bytes"] < by_name["fp32-onnx"]["size_bytes"]
+
+
+@pytest.mark.slow
+def test_accepted_variants_are_registered(optimized: Path) -> None:
+    from mlflow import MlflowClient
+
+    manifest = json.loads((optimized / "models" / "manifest.json").read_text())
+    accepted = {v["name"]: v for v in manifest["variants"] if v["accepted"]}
+    client = MlflowClient(tracking_uri=f"sqlite:///{optimized / 'mlflow.db'}")
+    versions = client.search_model_versions("name = 'gtsrb-classifier'")
+    assert sorted(v.tags["variant"] for v in versions) == sorted(accepted)
+    for version in versions:
+        entry = accepted[version.tags["variant"]]
+        assert version.tags["sha256"] == entry["sha256"]
+        assert version.tags["size_bytes"] == str(entry["size_bytes"])
+        assert float(version.tags["accuracy"]) == pytest.approx(entry["accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_shipped_variants_run_and_agree(optimized: Path) -> None:
+    from pipeline.runtimes import open_runtime, read_manifest
+
+    models = optimized / "models"
+    with np.load(optimized / "data" / "prepared" / "test.npz") as arrays:
+        x = arrays["images"][:16].transpose(0, 3, 1, 2).astype(np.float32) / 255
+    reference = open_runtime(models, "fp32").predict(x).argmax(1)
+    for v in read_manifest(models).accepted():
+        runtime = open_runtime(models, v.name, backend=v.runtimes[-1])
+        logits = runtime.predict(x)
+        assert logits.shape == (16, 43) and logits.dtype == np.float32
+        assert (logits.argmax(1) == reference).mean() >= 0.8, v.name
+
+
+# ------------------------------------------------------------------------------ real GTSRB (integration)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_int8_within_gate_on_real_sample(real_gtsrb_root: Path, workdir: Path) -> None:
+    """prepare -> train (a few epochs) -> optimize on the real sample: int8 variants pass the default
+    0.5-point gate against fp32 on the 645 real test images."""
+    import yaml
+
+    from pipeline.stages import prepare, train
+    from pipeline.stages.optimize import run
+    from tests.helpers import REPO
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"root": str(real_gtsrb_root), "download": False})
+    raw["train"] = {"epochs": 6, "batch_size": 64, "checkpoint_every": 0}
+    raw["optimize"] = {"prune_amount": 0.0, "calibration_images": 256}
+    raw["tracking"] = {"enabled": False}
+    params = parse_params(raw)
+    prepare.run(params)
+    train.run(params)
+    run(params)
+    manifest = json.loads(Path("models/manifest.json").read_text())
+    by_name = {v["name"]: v for v in manifest["variants"]}
+    assert manifest["test_images"] == 645
+    for name in ("int8-onnx", "int8-pt2e"):
+        assert by_name[name]["accuracy_drop"] <= 0.005, by_name[name]
+        assert by_name[name]["accepted"], by_name[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_pt2e_int8_round_trip(machine: str, tmp_path: Path) -> None:
+    """Both quantizers (x86 here, Arm annotated the same way) give a .pt2 that loads with weights_only
+    tensors and stays close to fp32; a file that is not an archive is a StageError naming it."""
+    from pipeline.runtimes.torch_models import load_exported
+
+    torch.manual_seed(0)
+    model = _randomize_bn(nets.build("signnet", MEAN, STD, 16, width=4))
+    calibration = np.random.default_rng(0).random((32, 3, 16, 16), dtype=np.float32)
+    info = quantize.quantize_pt2e(model, calibration, tmp_path / "int8.pt2", machine=machine)
+    assert info["quantizer"] == ("ArmInductorQuantizer" if machine == "aarch64" else "X86InductorQuantizer")
+    loaded = load_exported(tmp_path / "int8.pt2")
+    conv_weights = [t for t in loaded.state_dict().values() if t.ndim == 4 and t.shape[0] > 1]
+    assert len(conv_weights) == 6 and all(t.dtype == torch.int8 for t in conv_weights)  # no fp32 copies
+    x = torch.from_numpy(calibration[:8])
+    with torch.no_grad():
+        assert (loaded(x).argmax(1) == model(x).argmax(1)).float().mean() >= 0.75
+    (tmp_path / "bad.pt2").write_bytes(b"nope")
+    with pytest.raises(StageError, match=r"bad.pt2: not a loadable torch.export archive"):
+        load_exported(tmp_path / "bad.pt2")
+
+
+def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) -> None:
+    """With optimize.finetune_distill = 1 the fine-tune learns the unpruned model's outputs only, so the
+    pruned student ends much closer to its teacher than before, and closer than labels-only fine-tuning."""
+    import copy
+
+    from pipeline.optimize.finetune import finetune
+
+    write_prepared(workdir, size=16)
+    teacher, _ = model_file.read(write_model(workdir, steps=60))
+    with np.load(workdir / "data" / "prepared" / "test.npz") as arrays:
+        x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
+
+    def gap(student: nn.Module) -> float:
+        with torch.no_grad():
+            return float(
+                torch.nn.functional.kl_div(
+                    student.eval()(x).log_softmax(1), teacher(x).log_softmax(1), log_target=True, reduction="batchmean"
+                )
+            )
+
+    pruned = copy.deepcopy(teacher)
+    prune.prune_filters(pruned, 0.5, "l1")
+    before = gap(pruned)
+    distilled = finetune(
+        copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_lr=0.001, finetune_distill=1.0), teacher=teacher
+    )
+    labels_only = finetune(
+        copy.deepcopy(pruned), _params(finetune_epochs=6, finetune_lr=0.001, finetune_distill=0.0), teacher=teacher
+    )
+    assert gap(distilled) < 0.5 * before
+    assert gap(distilled) < gap(labels_only)
+
+
+def test_pruning_a_committee_prunes_every_member(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    committee = _randomize_bn(nets.build("signnet", MEAN, STD, 32, width=8, members=2)).eval()
+    report = prune.prune_filters(committee, 0.5, "l1")
+    assert report.channels_before == [8, 8, 16, 16, 32, 32] * 2
+    assert report.channels_after == [4, 4, 8, 8, 16, 16] * 2
+    x = torch.rand(3, 3, 32, 32)
+    with torch.no_grad():
+        out = committee(x)
+    assert out.shape == (3, 43) and torch.isfinite(out).all()
+    like = {"arch": nets.arch_kwargs("signnet", 32, 8, 0.2, members=2), "mean": MEAN, "std": STD, "classes": []}
+    model_file.write_like(tmp_path / "pruned.pt", committee, like)
+    reloaded, _ = model_file.read(tmp_path / "pruned.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), out)
+
+
+def test_filters_are_ranked_with_their_batchnorm_scale_folded_in() -> None:
+    """BN divides a filter's own scale out, so the raw weight norm says nothing about what the channel
+    contributes: a big filter that BN scales down to nothing goes first, a small one BN scales up stays."""
+    torch.manual_seed(0)
+    model = _randomize_bn(nets.build("signnet", MEAN, STD, 32, width=8))
+    conv, bn = model.features[0], model.features[1]  # type: ignore[index]
+    assert isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)
+    with torch.no_grad():  # BN's running variance follows its filter's scale, as training makes it
+        conv.weight[0] *= 100.0
+        bn.running_var[0] *= 100.0**2
+        bn.weight[0] = 1e-4
+        conv.weight[1] *= 0.01
+        bn.running_var[1] *= 0.01**2
+        bn.weight[1] = 50.0
+    raw, folded = prune.filter_norms(conv, "l1"), prune.filter_norms(conv, "l1", bn)
+    assert raw.argmax() == 0 and raw.argmin() == 1
+    assert folded.argmin() == 0 and folded.argmax() == 1
+    prune.prune_filters(model, 0.125, "l1")  # 1 of 8 filters of each conv: channel 0 of the first
+    assert bn.num_features == 7 and float(bn.weight.min()) > 0.4 and float(bn.weight.max()) == 50.0

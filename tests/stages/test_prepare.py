@@ -1,0 +1,122 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.data.gtsrb import list_split
+from pipeline.errors import StageError
+from pipeline.stages import prepare
+from tests.helpers.params import make_params
+
+
+def _load(split: str) -> dict[str, np.ndarray]:
+    with np.load(Path("data/prepared") / f"{split}.npz") as npz:
+        return dict(npz)
+
+
+def _snapshot(folder: Path) -> dict[str, float]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime for p in folder.rglob("*")}
+
+
+def test_prepare_writes_arrays_manifest_and_reports(synthetic_gtsrb: Path, workdir: Path) -> None:
+    raw_before = _snapshot(synthetic_gtsrb)
+    prepare.run(make_params(synthetic_gtsrb, image_size=24, val_fraction=0.34))
+
+    train, val, test = _load("train"), _load("val"), _load("test")
+    assert train["images"].shape[1:] == (24, 24, 3) and train["images"].dtype == np.uint8
+    assert len(train["labels"]) + len(val["labels"]) == 43 * 6
+    assert len(test["labels"]) == 86
+    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    assert manifest["image_size"] == 24 and len(manifest["classes"]) == 43
+    assert manifest["splits"]["val"]["per_class"] == [2] * 43  # one of three tracks per class, 2 frames each
+    assert len(manifest["mean"]) == 3 and all(0 < s < 1 for s in manifest["std"])
+    assert len(manifest["content_sha256"]) == 64
+    metrics = json.loads(Path("reports/prepare/metrics.json").read_text())
+    assert metrics["bad_images"] == 0 and metrics["test_images"] == 86
+    assert Path("reports/prepare/class_distribution.csv").read_text().count("\n") == 44
+    # The stage wrote only its outputs: the dataset is untouched and no stray files appear.
+    assert _snapshot(synthetic_gtsrb) == raw_before
+    assert sorted(p.name for p in workdir.iterdir()) == ["data", "reports"]
+    assert sorted(p.name for p in (workdir / "data").iterdir()) == ["prepared"]
+
+
+def test_crop_follows_the_roi_box(synthetic_gtsrb: Path, workdir: Path) -> None:
+    prepare.run(make_params(synthetic_gtsrb, image_size=16, roi_margin=0.0))
+    images, labels = _load("test")["images"], _load("test")["labels"]
+    # With no margin the crop is the class-coloured square only: the centre equals the edge colour.
+    label = int(labels[0])
+    expected = [(label * 37) % 256, (label * 91) % 256, (label * 53) % 256]
+    assert images[0][8, 8].tolist() == expected
+    assert np.abs(images[0][0, 0].astype(int) - expected).max() <= 2
+
+
+def test_validation_split_never_shares_a_track_with_train(synthetic_gtsrb: Path, workdir: Path) -> None:
+    prepare.run(make_params(synthetic_gtsrb, val_fraction=0.34))
+    train_tracks = set(_load("train")["tracks"].tolist())
+    val_tracks = set(_load("val")["tracks"].tolist())
+    assert val_tracks and not train_tracks & val_tracks
+    assert set(_load("val")["labels"].tolist()) == set(range(43))  # stratified: every class in val
+
+
+def test_split_is_deterministic_for_a_seed(synthetic_gtsrb: Path) -> None:
+    files = list_split(synthetic_gtsrb, "train")
+    assert prepare.split_by_track(files, 0.34, 1) == prepare.split_by_track(files, 0.34, 1)
+    assert prepare.split_by_track(files, 0.34, 1) != prepare.split_by_track(files, 0.34, 2)
+
+
+def _corrupt(root: Path, count: int) -> list[Path]:
+    victims = sorted((root / "gtsrb" / "GTSRB" / "Training").rglob("*.ppm"))[:count]
+    for path in victims:
+        path.write_bytes(path.read_bytes()[:20])  # truncated mid-header
+    return victims
+
+
+def test_corrupt_images_are_counted_not_fatal(synthetic_gtsrb: Path, workdir: Path) -> None:
+    victims = _corrupt(synthetic_gtsrb, 2)
+    prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    assert manifest["bad_images"]["count"] == 2
+    assert manifest["bad_images"]["files"] == [f"00000/{v.name}" for v in victims]
+    total = len(_load("train")["labels"]) + len(_load("val")["labels"])
+    assert total == 43 * 6 - 2
+    assert "00000/00000_00000.ppm" in Path("reports/prepare/bad_images.txt").read_text()
+
+
+def test_too_many_corrupt_images_fail_and_keep_previous_outputs(synthetic_gtsrb: Path, workdir: Path) -> None:
+    prepare.run(make_params(synthetic_gtsrb))
+    before = Path("data/prepared/manifest.json").read_text()
+    _corrupt(synthetic_gtsrb, 30)
+    with pytest.raises(StageError, match=r"30 of 344 images are unreadable .* data.max_bad_fraction"):
+        prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+    assert Path("data/prepared/manifest.json").read_text() == before
+    assert sorted(p.name for p in Path("data").iterdir()) == ["prepared"]  # no staging folder left
+
+
+def test_prepare_logs_to_mlflow(synthetic_gtsrb: Path, workdir: Path) -> None:
+    import mlflow
+
+    prepare.run(make_params(synthetic_gtsrb, tracking=True))
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["gtsrb"], output_format="list")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.tags["stage"] == "prepare" and run.data.params["data.image_size"] == "32"
+    assert run.data.metrics["test_images"] == 86
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"manifest.json", "class_distribution.csv"} <= artifacts
+
+
+@pytest.mark.integration
+def test_prepare_on_real_gtsrb(real_gtsrb_root: Path, workdir: Path) -> None:
+    prepare.run(make_params(real_gtsrb_root))
+    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    splits = manifest["splits"]
+    train, val = _load("train"), _load("val")
+    assert manifest["bad_images"]["count"] == 0
+    assert splits["test"]["count"] >= 645
+    assert all(n > 0 for n in splits["val"]["per_class"])  # every class has a held-out track
+    assert not set(train["tracks"].tolist()) & set(val["tracks"].tolist())
+    assert 0.05 < len(val["labels"]) / (len(train["labels"]) + len(val["labels"])) < 0.2
+    # Real photos: the per-channel statistics are those of GTSRB, not of noise.
+    assert all(0.2 < m < 0.5 for m in manifest["mean"])

@@ -1,0 +1,210 @@
+"""The train stage: a tiny run through the CLI, exact resume after kill -9, corrupt checkpoints,
+2-process DDP and FSDP on CPU, and resuming with another number of processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts.prepared import read_manifest
+from pipeline.cli import app
+from pipeline.config import Params, parse_params
+from pipeline.errors import StageError
+from pipeline.stages import train
+from tests.helpers import REPO
+from tests.helpers.params import train_params, write_params_yaml
+from tests.helpers.prepared import write_prepared
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    write_prepared(work)
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(train.KILL_AFTER_STEP_ENV, raising=False)
+    return work
+
+
+def weights(path: Path = model_file.MODEL_PATH) -> dict[str, torch.Tensor]:
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    return payload["state_dict"]
+
+
+def run_killed(params: Params, after_step: int, cwd: Path) -> None:
+    """`pipeline train` in a subprocess that SIGKILLs itself right after `after_step`."""
+    write_params_yaml(cwd / "params.yaml", params)
+    env = {**os.environ, train.KILL_AFTER_STEP_ENV: str(after_step), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "train", "-p", "params.yaml"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
+    params = train_params()
+    raw = params.model_dump(mode="json")
+    raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
+    write_params_yaml(project / "params.yaml", parse_params(raw))
+    result = CliRunner().invoke(app, ["train", "-p", "params.yaml"])
+    assert result.exit_code == 0, result.output
+    payload = torch.load(model_file.MODEL_PATH, weights_only=True)
+    assert payload["arch"]["name"] == "signnet"
+    assert "normalize.mean" in payload["state_dict"]
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    assert metrics["steps"] == 16 and 0.0 <= metrics["val_accuracy"] <= 1.0
+    history = (project / "reports/train/history.csv").read_text().splitlines()
+    assert history[0] == "epoch,train_loss,val_accuracy,lr,images_per_s" and len(history) == 3
+    assert (project / "reports/train/curves.png").exists()
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert run.data.params["train.epochs"] == "2"
+    assert run.data.tags["device"] == "cpu" and run.data.tags["torch"] == torch.__version__
+    assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert "model/model.pt" in artifacts
+
+    result = CliRunner().invoke(app, ["evaluate", "-p", "params.yaml"])
+    assert result.exit_code == 0, result.output
+    assert (project / "reports/evaluate/metrics.json").exists()
+
+
+def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(project: Path, tmp_path: Path) -> None:
+    params = train_params()
+    run_killed(params, after_step=5, cwd=project)  # checkpoint at step 3, killed in the middle of epoch 1
+    assert [p.name for p in (project / "models/checkpoints").iterdir()] == ["step_00000003"]
+    assert not model_file.MODEL_PATH.exists()
+    train.run(params)
+    assert json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())["step"] == 16
+    resumed = weights()
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    write_prepared(fresh)
+    os.chdir(fresh)
+    train.run(params)
+    uninterrupted = weights()
+    assert resumed.keys() == uninterrupted.keys()
+    for key in resumed:
+        assert torch.equal(resumed[key], uninterrupted[key]), key
+
+
+def test_a_corrupt_checkpoint_is_named_and_never_used(project: Path) -> None:
+    params = train_params(epochs=1)
+    train.run(params)
+    latest = project / "models/checkpoints/step_00000008"
+    shard = next(latest.glob("*.distcp"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StageError, match=r"checkpoint .*step_00000008 is corrupt: .*truncated"):
+        train.run(params)
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.raises(StageError, match=r"step_00000008 is corrupt: .*SHA-256"):
+        train.run(params)
+
+
+def test_interrupted_save_is_ignored_and_other_params_start_over(project: Path) -> None:
+    params = train_params(epochs=1)
+    train.run(params)
+    (project / "models/checkpoints/step_00000009.partial").mkdir()  # killed while saving
+    train.run(params)  # resumes from the complete step 8: nothing left to train
+    changed = train_params(epochs=1, lr=0.001)
+    train.run(changed)  # other params: trains from scratch instead of resuming
+    state = json.loads((project / "models/checkpoints/step_00000008/trainer.json").read_text())
+    assert state["fingerprint"] == train.fingerprint(changed, read_manifest(Path("data/prepared")))
+    assert not (project / "models/checkpoints/step_00000009.partial").exists()
+
+
+def test_missing_data_is_a_stage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageError, match="run `pipeline prepare` first"):
+        train.run(train_params())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_on_cpu(project: Path, strategy: str) -> None:
+    train.run(train_params(nproc=2, strategy=strategy))
+    state = json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())
+    assert state["world_size"] == 2 and state["strategy"] == strategy
+    assert len(list((project / "models/checkpoints/step_00000016").glob("*.distcp"))) == 2
+    assert len(weights()) > 0
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_resume_with_another_number_of_processes(project: Path, strategy: str) -> None:
+    params = train_params()
+    run_killed(params, after_step=5, cwd=project)  # one process, checkpoint at step 3
+    train.run(train_params(nproc=2, strategy=strategy))  # resumes at global sample 3 * 32 on 2 processes
+    state = json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())
+    assert state["step"] == 16 and state["world_size"] == 2
+    assert state["loader"] == {"epoch": 2, "offset": 0, "seed": 0, "global_batch_size": 32, "num_samples": 256}
+    assert [e["epoch"] for e in state["history"]] == [1, 2]
+
+
+def test_logit_adjustment_lets_a_rare_class_win_back_its_share(project: Path) -> None:
+    """Classes 0 and 1 look alike; class 0 is 5x as common. Plain training learns the prior (class 1 gets
+    ~1/6 of the two-way probability); with train.logit_adjustment = 1 the model's logits are balanced,
+    so class 1 gets about half."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 200 + [1] * 40, dtype=np.uint8)
+    images = np.clip(rng.normal(128, 30, size=(240, 16, 16, 3)), 0, 255).astype(np.uint8)
+    np.savez(project / "data/prepared/train.npz", images=images, labels=labels)
+    probe = torch.from_numpy(np.clip(rng.normal(128, 30, size=(64, 16, 16, 3)), 0, 255).astype(np.float32) / 255)
+
+    def rare_share(tau: float) -> float:
+        train.run(train_params(epochs=6, logit_adjustment=tau, augment=False, checkpoint_every=0))
+        payload = torch.load(model_file.MODEL_PATH, map_location="cpu", weights_only=True)
+        from pipeline import nets
+
+        model = nets.build_from_arch(payload["arch"], payload["mean"], payload["std"])
+        model.load_state_dict(payload["state_dict"])
+        with torch.no_grad():
+            p = model.eval()(probe.permute(0, 3, 1, 2)).softmax(1)
+        return float((p[:, 1] / (p[:, 0] + p[:, 1])).mean())
+
+    plain, adjusted = rare_share(0.0), rare_share(1.0)
+    assert plain < 0.3
+    assert adjusted > plain + 0.15
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])  # sgd also catches a mis-scaled member gradient
+def test_each_committee_member_learns_exactly_as_it_would_alone(project: Path, optimizer: str) -> None:
+    """model.members = 2: member 0 is built first from the same seed and sees the same batches and dropout
+    draws, and its gradient comes from its own loss only, so it ends with the single network's weights."""
+    train.run(train_params(checkpoint_every=0, optimizer=optimizer))
+    alone = weights()
+    single_parameters = json.loads(Path("reports/train/metrics.json").read_text())["parameters"]
+    raw = train_params(checkpoint_every=0, optimizer=optimizer).model_dump(mode="json")
+    raw["model"]["members"] = 2
+    train.run(parse_params(raw))
+    payload = torch.load(model_file.MODEL_PATH, map_location="cpu", weights_only=True)
+    assert payload["arch"]["members"] == 2
+    committee = payload["state_dict"]
+    for name, tensor in alone.items():
+        torch.testing.assert_close(committee[f"members.0.{name}"], tensor, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(committee["members.1.features.0.weight"], alone["features.0.weight"])
+    assert json.loads(Path("reports/train/metrics.json").read_text())["parameters"] == 2 * single_parameters

@@ -1,0 +1,110 @@
+"""The package's structure, as a maintainer relies on it: stages never import each other, every stage's
+dvc.yaml code deps cover what it imports, and only pipeline/artifacts/ opens the files stages hand each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.stages import STAGES
+from tests.helpers import REPO
+
+PACKAGE = REPO / "pipeline"
+# Modules whose changes cannot change a stage's outputs: logging, error types, tracking, a free port, the typed params
+# (their defaults equal params.yaml's, which dvc.yaml tracks: tests/test_config.py), package markers.
+NO_OUTPUT_EFFECT = {
+    "pipeline/console.py",
+    "pipeline/errors.py",
+    "pipeline/tracking.py",
+    "pipeline/config.py",
+    "pipeline/ports.py",
+}
+
+
+def module_file(name: str) -> Path | None:
+    path = REPO / Path(*name.split("."))
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every `pipeline...` module a file imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] == "pipeline" and module_file(name)}
+
+
+def closure(module: str) -> set[str]:
+    """The package files `module` needs, transitively (its parent packages' __init__ included)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if path is None or str(path.relative_to(REPO)) in seen:
+            continue
+        seen.add(str(path.relative_to(REPO)))
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += sorted(imported_modules(path))
+    return seen
+
+
+def test_closure_follows_imports_inside_functions() -> None:
+    # evaluate imports the loader inside run(): the walk must still see it.
+    assert "pipeline/data/loader.py" in closure("pipeline.stages.evaluate")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_no_stage_imports_another(stage: str) -> None:
+    others = {f"pipeline/stages/{s}.py" for s in STAGES if s != stage}
+    assert closure(f"pipeline.stages.{stage}") & others == set()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_dvc_code_deps_cover_what_the_stage_imports(stage: str) -> None:
+    deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]["deps"]
+    code = [d for d in deps if d.startswith("pipeline")]
+
+    def covered(path: str) -> bool:
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in code)
+
+    needed = {
+        p for p in closure(f"pipeline.stages.{stage}") if not p.endswith("__init__.py") and p not in NO_OUTPUT_EFFECT
+    }
+    missing = sorted(p for p in needed if not covered(p))
+    assert missing == [], f"dvc.yaml stage {stage!r} lacks code deps: {missing}"
+    stale = sorted(d for d in code if not (REPO / d).exists())
+    assert stale == [], f"dvc.yaml stage {stage!r} names code that does not exist: {stale}"
+
+
+def test_only_artifacts_load_inter_stage_files() -> None:
+    """np.load / torch.load of stage outputs happen in pipeline/artifacts/ only (torch_models reads the tensors
+    inside a .pt2 archive, from memory, weights only)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("pipeline/artifacts/"):
+            continue
+        text = path.read_text()
+        for call in ("np.load(", "torch.load(", "numpy.load("):
+            if call in text and not (rel == "pipeline/runtimes/torch_models.py" and call == "torch.load("):
+                offenders.append(f"{rel}: {call}")
+    assert offenders == []
+
+
+def test_scripts_live_in_the_package() -> None:
+    """The measurement tools are `pipeline bench ...` commands: no Python file edits sys.path to import the package."""
+    needle = "sys.path." + "insert"
+    files = [p for p in REPO.glob("**/*.py") if p.relative_to(REPO).parts[0] in ("pipeline", "tests", "scripts")]
+    assert [str(p.relative_to(REPO)) for p in files if needle in p.read_text()] == []
+    assert not list((REPO / "scripts").glob("*.py"))
