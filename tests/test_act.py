@@ -47,7 +47,11 @@ def test_ci_workflow_runs_under_act(tmp_path: Path) -> None:
     assert "Job succeeded" in log and "Job failed" not in log
     assert "Success - Main Lint, type-check and test" in log
     junit = (tmp_path / "ci" / "junit-ubuntu-latest" / "junit.xml").read_text()
-    assert 'failures="0"' in junit and 'errors="0"' in junit and "test_params_yaml_and_the_config_defaults_are_one_set" in junit
+    assert (
+        'failures="0"' in junit
+        and 'errors="0"' in junit
+        and "test_params_yaml_and_the_config_defaults_are_one_set" in junit
+    )
 
 
 def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:

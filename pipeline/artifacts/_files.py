@@ -55,4 +55,6 @@ def read_model(path: Path, schema: type[M], missing_hint: str, what: str = "") -
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise StageError(f"{path}: invalid {what or schema.__name__} ({where}: {first['msg']}); {missing_hint}") from None
+        raise StageError(
+            f"{path}: invalid {what or schema.__name__} ({where}: {first['msg']}); {missing_hint}"
+        ) from None
