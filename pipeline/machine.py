@@ -37,6 +37,24 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def cpu_flags() -> set[str]:
+    """CPU feature flags from /proc/cpuinfo (x86 `flags`, Arm `Features`); empty elsewhere."""
+    return _cpuinfo()[1]
+
+
+ARM_MACHINES = ("aarch64", "arm64", "armv8l")
+X86_MACHINES = ("x86_64", "amd64", "i686", "x86")
+
+
+def has_native_bf16(flags: set[str] | None = None, machine: str | None = None) -> bool:
+    """bf16 arithmetic in hardware: AVX512-BF16 or AMX on x86, the BF16 extension on Arm."""
+    flags = cpu_flags() if flags is None else flags
+    machine = (machine or platform.machine()).lower()
+    if machine in ARM_MACHINES:
+        return "bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)

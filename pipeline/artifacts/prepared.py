@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def read_split(
             images = np.ascontiguousarray(npz["images"])
             labels = np.asarray(npz["labels"])
             tracks = np.asarray(npz["tracks"]) if "tracks" in npz.files else np.full(len(labels), -1, np.int32)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # truncated: BadZipFile
         raise StageError(f"{path} cannot be read ({type(exc).__name__}: {exc}); rerun `pipeline prepare`") from None
     side = f"{image_size}" if image_size else "S"
     if (

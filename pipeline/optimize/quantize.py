@@ -19,29 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-ARM_MACHINES = ("aarch64", "arm64", "armv8l")
-X86_MACHINES = ("x86_64", "amd64", "i686", "x86")
+from pipeline.machine import ARM_MACHINES, X86_MACHINES, cpu_flags, has_native_bf16
 
-
-def cpu_flags() -> set[str]:
-    """CPU feature flags from /proc/cpuinfo (x86 `flags`, Arm `Features`); empty elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
-
-
-def has_native_bf16(flags: set[str] | None = None, machine: str | None = None) -> bool:
-    flags = cpu_flags() if flags is None else flags
-    machine = (machine or platform.machine()).lower()
-    if machine in ARM_MACHINES:
-        return "bf16" in flags
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
+__all__ = ["cpu_flags", "has_native_bf16"]
 
 
 def needs_reduce_range(machine: str | None = None, flags: set[str] | None = None) -> bool:

@@ -55,8 +55,10 @@ class Result:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def bf16_capable(isa: Sequence[str]) -> bool:
-    return any(flag in isa for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+def bf16_capable(isa: Sequence[str], architecture: str | None = None) -> bool:
+    from pipeline.machine import has_native_bf16
+
+    return has_native_bf16(set(isa), architecture)
 
 
 def plan(manifest: Any, facts: dict[str, Any], config: BenchmarkConfig) -> tuple[list[Setup], list[Result]]:
@@ -80,7 +82,7 @@ def plan(manifest: Any, facts: dict[str, Any], config: BenchmarkConfig) -> tuple
             settings = ["default"]
             if backend == "torch-eager" and facts.get("onednn_available"):
                 settings = ["onednn-off", "onednn-on"]
-                if bf16_capable(facts.get("isa", [])):
+                if bf16_capable(facts.get("isa", []), facts.get("architecture")):
                     settings.append("bf16-fpmath")
                 else:
                     skipped.append(

@@ -1,0 +1,167 @@
+"""Every file stages hand each other: written and read through its owner module, and one clear StageError for
+a missing, foreign or corrupt file (never a traceback, never code run from the file)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import nets
+from pipeline.artifacts import image, predictions, prepared, serving
+from pipeline.artifacts import model as model_file
+from pipeline.artifacts import variants as variants_file
+from pipeline.artifacts.variants import InputSpec, ModelManifest, Preprocess, Variant
+from pipeline.errors import StageError
+from tests.helpers.prepared import write_prepared
+
+
+def test_prepared_round_trip_and_checks(tmp_path: Path) -> None:
+    folder = write_prepared(tmp_path, sizes=(86, 43, 43), image_size=16)
+    manifest = prepared.read_manifest(folder)
+    assert manifest.image_size == 16 and manifest.splits["train"].count == 86 and len(manifest.classes) == 43
+    test = prepared.read_split("test", folder, image_size=16)
+    assert test.images.shape == (43, 16, 16, 3) and test.images.dtype == np.uint8
+    assert test.model_input().shape == (43, 3, 16, 16) and test.model_input().flags.c_contiguous
+    assert float(test.model_input().max()) <= 1.0
+    subset = prepared.read_split("train", folder, limit=10, seed=1)
+    assert len(subset) == 10 and subset.labels.tolist() == prepared.read_split("train", folder, limit=10, seed=1).labels.tolist()
+    with pytest.raises(StageError, match=r"expected uint8 \[N, 24, 24, 3\]"):
+        prepared.read_split("test", folder, image_size=24)
+    assert not list(tmp_path.glob("data/.prepared-*")), "the staging folder was swapped in, not left behind"
+
+
+def test_prepared_missing_truncated_and_foreign(tmp_path: Path) -> None:
+    with pytest.raises(StageError, match=r"manifest.json not found: run `pipeline prepare` first"):
+        prepared.read_manifest(tmp_path)
+    with pytest.raises(StageError, match=r"test.npz not found: run `pipeline prepare` first"):
+        prepared.read_split("test", tmp_path)
+    folder = write_prepared(tmp_path, sizes=(86, 43, 43))
+    data = (folder / "test.npz").read_bytes()
+    (folder / "test.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(StageError, match=r"test.npz cannot be read .*rerun `pipeline prepare`"):
+        prepared.read_split("test", folder)
+    (folder / "manifest.json").write_text(json.dumps({"image_size": 32}))
+    with pytest.raises(StageError, match=r"manifest.json: invalid PreparedManifest"):
+        prepared.read_manifest(folder)
+    (folder / "manifest.json").write_text("{not json")
+    with pytest.raises(StageError, match=r"manifest.json cannot be read"):
+        prepared.read_manifest(folder)
+
+
+def test_prepared_arrays_never_unpickle(tmp_path: Path) -> None:
+    folder = write_prepared(tmp_path, sizes=(86, 43, 43))
+    np.savez(folder / "val.npz", images=np.array([object()], dtype=object), labels=np.zeros(1, np.uint8))
+    with pytest.raises(StageError, match=r"val.npz cannot be read"):
+        prepared.read_split("val", folder)
+
+
+class _Payload:
+    """Unpickling this would create a marker file: the model reader must refuse it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (str(self.marker), "ran"))  # type: ignore[return-value]
+
+
+def test_model_round_trip_and_a_crafted_file_never_runs(tmp_path: Path) -> None:
+    net = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=4).eval()
+    arch = nets.arch_kwargs("signnet", 16, 4, 0.2)
+    path = model_file.write(tmp_path / "model.pt", arch, [0.5] * 3, [0.25] * 3, ["a"] * 43, net.state_dict())
+    loaded, payload = model_file.read(path)
+    x = torch.rand(2, 3, 16, 16)
+    assert torch.equal(loaded(x), net(x)) and payload["classes"] == ["a"] * 43
+    model_file.check_against(payload, path, 43, 16)
+    with pytest.raises(StageError, match=r"trained at 16x16, the prepared data is 32x32"):
+        model_file.check_against(payload, path, 43, 32)
+
+    marker = tmp_path / "marker"
+    with (tmp_path / "evil.pt").open("wb") as fh:
+        pickle.dump({"arch": _Payload(marker)}, fh)
+    with pytest.raises(StageError, match=r"not a model saved by `pipeline train`"):
+        model_file.read(tmp_path / "evil.pt")
+    assert not marker.exists()
+    with pytest.raises(StageError, match=r"not found: run `pipeline train` first"):
+        model_file.read(tmp_path / "missing.pt")
+    torch.save({"weights": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(StageError, match=r"expected keys"):
+        model_file.read(tmp_path / "foreign.pt")
+
+
+def _manifest(variants: list[Variant]) -> ModelManifest:
+    return ModelManifest(
+        architecture="signnet",
+        classes=["a"] * 43,
+        num_classes=43,
+        image_size=16,
+        preprocess=Preprocess(roi_margin=0.1, resize=16, mean=[0.5] * 3, std=[0.25] * 3),
+        input=InputSpec(name="images", shape=[-1, 3, 16, 16]),
+        output=InputSpec(name="logits", shape=[-1, 43]),
+        baseline_accuracy=0.9,
+        test_images=43,
+        max_accuracy_drop=0.005,
+        variants=variants,
+    )
+
+
+def _variant(name: str, accepted: bool) -> Variant:
+    return Variant(
+        name=name,
+        file=f"{name}.onnx",
+        format="onnx",
+        runtimes=["onnxruntime"],
+        precision="fp32",
+        accuracy=0.9,
+        accuracy_drop=0.0,
+        size_bytes=1,
+        sha256="0" * 64,
+        parameters=1,
+        accepted=accepted,
+    )
+
+
+def test_variants_publish_moves_only_accepted_files(tmp_path: Path) -> None:
+    staging = tmp_path / "models" / "variants.staging"
+    staging.mkdir(parents=True)
+    (staging / "fp32-onnx.onnx").write_bytes(b"x")
+    (staging / "int8-onnx.onnx").write_bytes(b"y")
+    published = variants_file.publish(
+        staging, _manifest([_variant("fp32-onnx", True), _variant("int8-onnx", False)]), tmp_path / "models"
+    )
+    assert [p.name for p in (tmp_path / "models" / "variants").iterdir()] == ["fp32-onnx.onnx"]
+    assert not staging.exists()
+    assert variants_file.read_manifest(tmp_path / "models") == published
+    assert published.variant("fp32-onnx").file == "variants/fp32-onnx.onnx"
+    with pytest.raises(StageError, match=r"'int8-onnx' was rejected"):
+        published.variant("int8-onnx")
+
+
+def test_serving_choice_missing_valid_and_foreign(tmp_path: Path) -> None:
+    assert serving.read(tmp_path) is None
+    choice = serving.ServingChoice(variant="int8-onnx", backend="onnxruntime", metrics={"throughput_b32": 1.0})
+    serving.write(choice, tmp_path)
+    assert serving.read(tmp_path) == choice
+    (tmp_path / serving.SERVING_FILE).write_text(json.dumps({"model": "x"}))
+    with pytest.raises(StageError, match=r"serving.json: invalid ServingChoice .*rerun `pipeline benchmark`"):
+        serving.read(tmp_path)
+
+
+def test_predictions_and_image_record(tmp_path: Path) -> None:
+    record = predictions.Predictions(classes=["a", "b"], labels=[0, 1, 1], predicted=[0, 1, 0])
+    path = predictions.write(record, tmp_path / "predictions.json")
+    assert predictions.read(path).accuracy == pytest.approx(2 / 3)
+    assert predictions.read(path).first(2).accuracy == 1.0
+    path.write_text(json.dumps({"classes": ["a"], "labels": [0, 0], "predicted": [0]}))
+    with pytest.raises(StageError, match=r"2 labels but 1 predictions"):
+        predictions.read(path)
+    with pytest.raises(StageError, match=r"run `pipeline containerize` first"):
+        image.read(tmp_path / "image.json")
+    built = image.ImageRecord(skipped=False, image="gtsrb-server", tag="gtsrb-server:abc", id="sha256:1")
+    assert image.read(image.write(built, tmp_path / "image.json")) == built
+    assert not list(tmp_path.glob(".*.tmp-*")), "atomic writes leave no temporary files"

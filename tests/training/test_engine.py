@@ -1,0 +1,60 @@
+"""The one training engine: its schedule, its loss (committee members, distillation) and its step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline import nets
+from pipeline.training.engine import DISTILL_TEMPERATURE, Engine, Loss, make_optimizer, one_cycle_lr, param_groups
+
+
+def test_one_cycle_warms_up_then_decays_to_zero() -> None:
+    assert one_cycle_lr(0, 100, 0.1, 0.2) == pytest.approx(0.004)
+    assert one_cycle_lr(20, 100, 0.1, 0.2) == pytest.approx(0.1)
+    assert one_cycle_lr(100, 100, 0.1, 0.2) == pytest.approx(0.0)
+    # Without warm-up it is the fine-tune's cosine decay from the peak.
+    assert one_cycle_lr(25, 100, 0.1, 0.0) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_weight_decay_only_on_weights() -> None:
+    model = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=4)
+    decay, no_decay = param_groups(model, 0.01)
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim <= 1 for p in no_decay["params"])  # type: ignore[attr-defined]
+    assert no_decay["weight_decay"] == 0.0
+
+
+def test_committee_members_each_add_their_own_loss() -> None:
+    logits = torch.randn(2, 4, 43)  # training mode: [members, batch, classes]
+    labels = torch.randint(0, 43, (4,))
+    total, per_member = Loss().sums(logits, labels, torch.zeros(4, 3, 8, 8))
+    expected = sum(F.cross_entropy(logits[m], labels, reduction="sum") for m in range(2))
+    assert float(total) == pytest.approx(float(expected), rel=1e-6)
+    assert per_member == pytest.approx(float(expected) / 2, rel=1e-6)
+
+
+def test_full_distillation_is_the_kl_to_the_teacher() -> None:
+    teacher = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 43))
+    images = torch.rand(4, 3, 8, 8)
+    logits = torch.randn(4, 43)
+    total, _ = Loss(teacher=teacher, distill=1.0).sums(logits, torch.zeros(4, dtype=torch.long), images)
+    t = DISTILL_TEMPERATURE
+    target = F.softmax(teacher(images) / t, dim=1)
+    kl = F.kl_div(F.log_softmax(logits / t, dim=1), target, reduction="sum") * t * t
+    assert float(total) == pytest.approx(float(kl), rel=1e-5)
+
+
+def test_a_step_sets_the_scheduled_rate_and_learns() -> None:
+    torch.manual_seed(0)
+    model = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=4, dropout=0.0)
+    optim = make_optimizer(model, "adamw", 0.01, 0.0)
+    engine = Engine(model, optim, lambda step: 0.01 / (step + 1), Loss())
+    images, labels = torch.rand(16, 3, 16, 16), torch.randint(0, 43, (16,))
+    first = engine.step(0, images, labels, 16)
+    for step in range(1, 30):
+        engine.step(step, images, labels, 16)
+    assert optim.param_groups[0]["lr"] == pytest.approx(0.01 / 30)
+    assert engine.step(30, images, labels, 16) < first
