@@ -7,6 +7,7 @@ its writer and its reader, and one clear error (StageError) for a missing, forei
     serving.py      models/serving.json                                   benchmark -> serve, containerize
     predictions.py  reports/evaluate/predictions.json                     evaluate -> deploy
     image.py        reports/containerize/image.json                       containerize -> deploy
+    benchmark_report.py  reports/benchmark/report.json                    benchmark -> `pipeline compare`
 
 Nothing else in the package opens these files. Only model.py imports torch (lazily), so the server image,
 which reads variants.py and serving.py, needs no training stack.

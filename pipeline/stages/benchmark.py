@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, benchmark_report
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split
 from pipeline.config import BenchmarkConfig, Params
@@ -327,7 +327,7 @@ def _plot(report: dict[str, Any], path: Path, batch: int) -> None:
 def write_reports(report: dict[str, Any], config: BenchmarkConfig) -> None:
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     batch = config.batch_sizes[0]
-    (REPORT_DIR / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    benchmark_report.write(report, REPORT_DIR / "report.json")
     (REPORT_DIR / "table.md").write_text(markdown_table(report, batch))
     rows = ["setup,variant,backend,setting,threads,p50_ms,throughput,accuracy"]
     for r in report["results"]:
@@ -454,13 +454,10 @@ def compare(paths: Sequence[Path], batch: int = 32) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for path in paths:
-        try:
-            report = json.loads(Path(path).read_text())
-            results = report["results"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise StageError(f"{path}: not a benchmark report ({exc})") from None
+        report = benchmark_report.read(Path(path))
+        results = report.results
         base = baseline_of(results)
-        m = report["machine"]
+        m = report.machine
         machine = f"{m.get('architecture')} {m.get('cpu')}"
         for r in results:
             if r["status"] != "ok" or r["setup"]["threads"] != 0:
