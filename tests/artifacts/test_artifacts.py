@@ -29,7 +29,10 @@ def test_prepared_round_trip_and_checks(tmp_path: Path) -> None:
     assert test.model_input().shape == (43, 3, 16, 16) and test.model_input().flags.c_contiguous
     assert float(test.model_input().max()) <= 1.0
     subset = prepared.read_split("train", folder, limit=10, seed=1)
-    assert len(subset) == 10 and subset.labels.tolist() == prepared.read_split("train", folder, limit=10, seed=1).labels.tolist()
+    assert (
+        len(subset) == 10
+        and subset.labels.tolist() == prepared.read_split("train", folder, limit=10, seed=1).labels.tolist()
+    )
     with pytest.raises(StageError, match=r"expected uint8 \[N, 24, 24, 3\]"):
         prepared.read_split("test", folder, image_size=24)
     assert not list(tmp_path.glob("data/.prepared-*")), "the staging folder was swapped in, not left behind"
