@@ -1,7 +1,7 @@
 """`pipeline` command: one subcommand per stage. Loads and validates params, calls the stage's run().
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
-(pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve, pipeline/monitor.py).
+(pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
 `pipeline bench train|roofline|serve` and `pipeline image-context` pass their options to those tools.
 """
 
@@ -156,7 +156,7 @@ def serve(
         "max_batch_size": max_batch_size,
         "threads": threads,
     }
-    _run_stage("pipeline.serve", params, overrides)
+    _run_stage("pipeline.serve.main", params, overrides)
 
 
 bench = typer.Typer(help="Benchmarks measured side by side in one run (ratios; see each tool's --help).")

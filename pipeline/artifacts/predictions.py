@@ -20,12 +20,17 @@ class Predictions(BaseModel):
     labels: list[int]
     """True class ids of the test images."""
     predicted: list[int]
-    """The evaluated model's top-1 class ids, one per test image."""
+    """The evaluated model's top-1 class ids on the prepared (ROI-cropped) test images, one per test image."""
+    served_predicted: list[int] = []
+    """Its top-1 class ids on the test split's original files, whole, through the server's preprocessing
+    (empty when the prepared data has no original files)."""
 
     @model_validator(mode="after")
     def _same_length(self) -> Predictions:
         if len(self.labels) != len(self.predicted):
             raise ValueError(f"{len(self.labels)} labels but {len(self.predicted)} predictions")
+        if self.served_predicted and len(self.served_predicted) != len(self.labels):
+            raise ValueError(f"{len(self.labels)} labels but {len(self.served_predicted)} served predictions")
         return self
 
     @property
@@ -33,7 +38,12 @@ class Predictions(BaseModel):
         return sum(int(a == p) for a, p in zip(self.labels, self.predicted, strict=True)) / max(1, len(self.labels))
 
     def first(self, count: int) -> Predictions:
-        return Predictions(classes=self.classes, labels=self.labels[:count], predicted=self.predicted[:count])
+        return Predictions(
+            classes=self.classes,
+            labels=self.labels[:count],
+            predicted=self.predicted[:count],
+            served_predicted=self.served_predicted[:count],
+        )
 
 
 def write(predictions: Predictions, path: Path = PREDICTIONS_PATH) -> Path:

@@ -2,6 +2,8 @@
 
     data/prepared/{train,val,test}.npz   images uint8 [N, S, S, 3] RGB, labels uint8 [N], tracks int32 [N]
     data/prepared/manifest.json          PreparedManifest: image size, classes, mean/std, per-split counts, hash
+    data/prepared/test_files/            the test split's original image files, byte for byte, in the arrays'
+                                         order: what a user sends the server (whole images, no box)
 
 The folder is written to a staging folder and swapped in whole, so readers never see half of it. numpy and
 pydantic only: the server image and `pipeline monitor` read it without torch.
@@ -25,6 +27,7 @@ from pipeline.errors import StageError
 
 PREPARED_DIR = DATA_DIR / "prepared"
 MANIFEST_FILE = "manifest.json"
+TEST_FILES = "test_files"
 SPLITS = ("train", "val", "test")
 RERUN = "run `pipeline prepare` first (or `dvc pull`)"
 
@@ -75,6 +78,8 @@ class PreparedManifest(_Record):
     bad_images: BadImages
     content_sha256: str
     """SHA-256 of every split's images and labels: what a checkpoint or a model was made from."""
+    test_files: list[str] = []
+    """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
 
 
 def content_sha256(arrays: dict[str, SplitArrays]) -> str:
@@ -85,8 +90,17 @@ def content_sha256(arrays: dict[str, SplitArrays]) -> str:
     return digest.hexdigest()
 
 
-def write(arrays: dict[str, SplitArrays], manifest: PreparedManifest, out_dir: Path = PREPARED_DIR) -> Path:
-    """Write the three splits and the manifest into a staging folder, then swap it in for `out_dir`."""
+def write(
+    arrays: dict[str, SplitArrays],
+    manifest: PreparedManifest,
+    out_dir: Path = PREPARED_DIR,
+    test_originals: list[Path] | None = None,
+) -> Path:
+    """Write the three splits, the test split's original files (copied byte for byte, named as in the manifest's
+    `test_files`) and the manifest into a staging folder, then swap it in for `out_dir`."""
+    originals = test_originals or []
+    if len(originals) != len(manifest.test_files) or (originals and len(originals) != len(arrays["test"])):
+        raise ValueError("one original file per test image, named in the manifest's test_files")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the outputs are ordinary files
@@ -94,6 +108,10 @@ def write(arrays: dict[str, SplitArrays], manifest: PreparedManifest, out_dir: P
         for split in SPLITS:
             a = arrays[split]
             np.savez(staging / f"{split}.npz", images=a.images, labels=a.labels, tracks=a.tracks)
+        if originals:
+            (staging / TEST_FILES).mkdir()
+        for source, name in zip(originals, manifest.test_files, strict=True):
+            shutil.copyfile(source, staging / name)
         write_model(staging / MANIFEST_FILE, manifest)
         _replace_dir(staging, out_dir)
     except BaseException:
@@ -158,3 +176,33 @@ def read_split(
         pick = np.sort(np.random.default_rng(seed).choice(len(arrays), size=limit, replace=False))
         arrays = SplitArrays(images[pick], labels[pick], tracks[pick])
     return arrays
+
+
+@dataclass(frozen=True)
+class OriginalFile:
+    """A test image as a user sends it: the encoded file, whole (no ROI box), and its label."""
+
+    path: Path
+    label: int
+
+    def read_bytes(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            raise StageError(f"{self.path} cannot be read ({exc}); rerun `pipeline prepare`") from None
+
+
+def read_test_files(prepared: Path = PREPARED_DIR) -> list[OriginalFile]:
+    """The test split's original files with their labels, in the test arrays' order; empty when the prepared
+    data has none (made by an older prepare, or by a test's fake)."""
+    manifest = read_manifest(prepared)
+    if not manifest.test_files:
+        return []
+    labels = read_split("test", prepared).labels
+    if len(labels) != len(manifest.test_files):
+        raise StageError(
+            f"{Path(prepared) / MANIFEST_FILE}: {len(manifest.test_files)} test files for {len(labels)} test images; rerun `pipeline prepare`"
+        )
+    return [
+        OriginalFile(Path(prepared) / name, int(label)) for name, label in zip(manifest.test_files, labels, strict=True)
+    ]

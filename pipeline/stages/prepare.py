@@ -70,8 +70,9 @@ def _load_one(file: SignFile, config: DataConfig) -> np.ndarray | str:
 
 def load_arrays(
     files: Sequence[SignFile], config: DataConfig, description: str
-) -> tuple[SplitArrays, list[tuple[str, str]]]:
-    """Decode, crop and resize every file; returns the arrays and (file name, reason) of the bad ones."""
+) -> tuple[SplitArrays, list[tuple[str, str]], list[Path]]:
+    """Decode, crop and resize every file; returns the arrays, (file name, reason) of the bad ones and the
+    paths of the good ones (in the arrays' order)."""
     size = config.image_size
     images = np.empty((len(files), size, size, 3), dtype=np.uint8)
     keep = np.zeros(len(files), dtype=bool)
@@ -87,11 +88,16 @@ def load_arrays(
                 keep[i] = True
     labels = np.array([f.label for f in files], dtype=np.uint8)
     tracks = np.array([f.label * 100_000 + f.track if f.track >= 0 else -1 for f in files], dtype=np.int32)
-    return SplitArrays(images[keep], labels[keep], tracks[keep]), bad
+    kept = [f.path for f, ok in zip(files, keep, strict=True) if ok]
+    return SplitArrays(images[keep], labels[keep], tracks[keep]), bad, kept
 
 
 def build_manifest(
-    arrays: dict[str, SplitArrays], bad: list[tuple[str, str]], total: int, config: DataConfig
+    arrays: dict[str, SplitArrays],
+    bad: list[tuple[str, str]],
+    total: int,
+    config: DataConfig,
+    test_originals: Sequence[Path] = (),
 ) -> PreparedManifest:
     train = arrays["train"].images.reshape(-1, 3).astype(np.float64) / 255.0
     return PreparedManifest(
@@ -114,6 +120,7 @@ def build_manifest(
         },
         bad_images=BadImages(count=len(bad), of=total, files=[name for name, _ in bad]),
         content_sha256=content_sha256(arrays),
+        test_files=[f"{prepared.TEST_FILES}/{path.name}" for path in test_originals],
     )
 
 
@@ -145,12 +152,13 @@ def run(params: Params) -> None:
 
         arrays: dict[str, SplitArrays] = {}
         bad: list[tuple[str, str]] = []
+        kept: dict[str, list[Path]] = {}
         for split, files in (
             ("train", [train_files[i] for i in train_idx]),
             ("val", [train_files[i] for i in val_idx]),
             ("test", test_files),
         ):
-            arrays[split], split_bad = load_arrays(files, config, f"prepare {split}")
+            arrays[split], split_bad, kept[split] = load_arrays(files, config, f"prepare {split}")
             bad += split_bad
 
         total = len(train_files) + len(test_files)
@@ -166,8 +174,9 @@ def run(params: Params) -> None:
             if len(arrays[split].labels) == 0:
                 raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
 
-        manifest = build_manifest(arrays, bad, total, config)
-        prepared.write(arrays, manifest, PREPARED_DIR)
+        # The test split's original files go along: evaluate measures what the server is sent (whole images).
+        manifest = build_manifest(arrays, bad, total, config, kept["test"])
+        prepared.write(arrays, manifest, PREPARED_DIR, kept["test"])
         metrics = write_reports(manifest, bad, REPORT_DIR)
         tracker.log_metrics(metrics)
         tracker.log_artifact(PREPARED_DIR / prepared.MANIFEST_FILE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from pipeline.artifacts import prepared
 from pipeline.artifacts.prepared import SPLITS, BadImages, PreparedManifest, SplitArrays, SplitInfo
@@ -44,8 +45,10 @@ def write_prepared(
     pixels: str = "noisy_colours",
     mean: tuple[float, float, float] = (0.45, 0.4, 0.35),
     std: tuple[float, float, float] = (0.25, 0.25, 0.25),
+    originals: bool = False,
 ) -> Path:
-    """data/prepared/ under `root` with `sizes` train/val/test images of all 43 classes."""
+    """data/prepared/ under `root` with `sizes` train/val/test images of all 43 classes; with `originals`, the
+    test split's "original files" too: PNGs at twice the size with a dark frame, as a camera would send them."""
     rng = np.random.default_rng(seed)
     make = noisy_colours if pixels == "noisy_colours" else coloured_squares
     arrays: dict[str, SplitArrays] = {}
@@ -73,4 +76,15 @@ def write_prepared(
         bad_images=BadImages(count=0, of=sum(sizes), files=[]),
         content_sha256=prepared.content_sha256(arrays),
     )
-    return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR)
+    files: list[Path] = []
+    if originals:
+        source = root / "originals"
+        source.mkdir(parents=True, exist_ok=True)
+        for i, pixels in enumerate(arrays["test"].images):
+            big = Image.fromarray(pixels).resize((2 * image_size, 2 * image_size), Image.Resampling.NEAREST)
+            framed = Image.new("RGB", (2 * image_size + 8, 2 * image_size + 8), (20, 20, 20))
+            framed.paste(big, (4, 4))
+            files.append(source / f"{i:05d}.png")
+            framed.save(files[-1])
+        manifest = manifest.model_copy(update={"test_files": [f"{prepared.TEST_FILES}/{p.name}" for p in files]})
+    return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR, files)

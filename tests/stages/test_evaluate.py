@@ -80,3 +80,33 @@ def test_gate_passes_when_met(project: Path) -> None:
 def test_missing_model_is_a_stage_error(project: Path) -> None:
     with pytest.raises(StageError, match="run `pipeline train` first"):
         evaluate.run(train_params())
+
+
+def test_served_accuracy_is_measured_on_the_original_files_through_the_servers_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """evaluate's served figure comes from the test split's original files, whole (no box), through the very
+    function the server decodes requests with; nothing else feeds it."""
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.serve import protocol
+
+    write_prepared(tmp_path, originals=True)
+    monkeypatch.chdir(tmp_path)
+    save_untrained_model(tmp_path)
+    seen: list[tuple[bytes, object]] = []
+    server_decode = protocol.decode_images
+
+    def spy(images: list[tuple[bytes, object]], *args: object) -> np.ndarray:
+        seen.extend(images)
+        return server_decode(images, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(protocol, "decode_images", spy)
+    evaluate.run(train_params())
+    originals = read_test_files(tmp_path / "data" / "prepared")
+    assert seen == [(f.read_bytes(), None) for f in originals]
+    metrics = json.loads((tmp_path / "reports/evaluate/metrics.json").read_text())
+    written = predictions_file.read(tmp_path / predictions_file.PREDICTIONS_PATH)
+    served = np.asarray(written.served_predicted)
+    assert len(served) == len(originals) == metrics["served_images"] == 86
+    assert metrics["served_accuracy"] == float((served == np.asarray(written.labels)).mean())
+    assert metrics["whole_vs_roi_gap_points"] == round(100 * (metrics["accuracy"] - metrics["served_accuracy"]), 4)

@@ -120,3 +120,20 @@ def test_prepare_on_real_gtsrb(real_gtsrb_root: Path, workdir: Path) -> None:
     assert 0.05 < len(val["labels"]) / (len(train["labels"]) + len(val["labels"])) < 0.2
     # Real photos: the per-channel statistics are those of GTSRB, not of noise.
     assert all(0.2 < m < 0.5 for m in manifest["mean"])
+
+
+def test_the_test_splits_original_files_go_along_byte_for_byte(synthetic_gtsrb: Path, workdir: Path) -> None:
+    """What a user sends the server is the whole original file: prepare keeps each kept test image's file, in
+    the arrays' order, so evaluate can measure exactly that (a corrupt test file is skipped in both)."""
+    from pipeline.artifacts.prepared import read_test_files
+
+    test_dir = synthetic_gtsrb / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
+    (test_dir / "00003.ppm").write_bytes(b"P6 not really")
+    prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+    files = read_test_files(Path("data/prepared"))
+    labels = _load("test")["labels"].tolist()
+    assert len(files) == len(labels) == 43 * 2 - 1
+    assert [f.label for f in files] == labels
+    assert "00003.ppm" not in [f.path.name for f in files]
+    for f in files:
+        assert f.read_bytes() == (test_dir / f.path.name).read_bytes()
