@@ -83,22 +83,45 @@ def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str =
     return values.reshape(tensor["shape"])
 
 
-def png_multipart(images: np.ndarray, boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
-    """A multipart body with each uint8 image as a PNG file (field `files`), and its Content-Type."""
-    from PIL import Image
-
-    parts: list[bytes] = []
-    for i, image in enumerate(images):
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        parts.append(
-            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{i}.png"\r\n'
-            "Content-Type: image/png\r\n\r\n".encode()
-            + buffer.getvalue()
-            + b"\r\n"
-        )
+def multipart(files: list[bytes], kind: str = "png", boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
+    """A multipart body with each encoded image as a file (field `files`, image/`kind`), and its Content-Type."""
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{i}.{kind}"\r\n'
+        f"Content-Type: image/{kind}\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+        for i, data in enumerate(files)
+    ]
     body = b"".join(parts) + f"--{boundary}--\r\n".encode()
     return body, f"multipart/form-data; boundary={boundary}"
+
+
+def encode(image: Any, kind: str = "png") -> bytes:
+    """A PIL image or uint8 HWC array as PNG (lossless) or JPEG (quality 95, what cameras and phones send)."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="PNG" if kind == "png" else "JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def png_multipart(images: np.ndarray, boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
+    """A multipart body with each uint8 image as a PNG file (field `files`), and its Content-Type."""
+    return multipart([encode(image) for image in images], "png", boundary)
+
+
+def predict_files(base_url: str, files: list[bytes], kind: str = "png", batch_size: int = 32) -> list[int]:
+    """Top-1 class ids for encoded image files sent whole (no box) through /v1/predict, `batch_size` a request."""
+    predicted: list[int] = []
+    for start in range(0, len(files), batch_size):
+        body, content_type = multipart(files[start : start + batch_size], kind)
+        status, _, answer = http("POST", f"{base_url}/v1/predict", body, {"Content-Type": content_type})
+        if status != 200:
+            raise StageError(f"/v1/predict ({kind} files) failed: HTTP {status}: {answer[:300]!r}")
+        predicted.extend(top1(answer))
+    return predicted
 
 
 def top1(answer: bytes) -> list[int]:

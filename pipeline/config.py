@@ -287,9 +287,10 @@ class MonitorConfig(Section):
 
     url: str = ""
     """Base URL of the server, e.g. https://signs.example.com; empty: give --url or $PIPELINE_MONITOR_URL."""
-    source: Literal["prepared", "gtsrb"] = "prepared"
-    """Labelled images: `prepared` = data/prepared/test.npz; `gtsrb` = the GTSRB test split under data.root
-    ($GTSRB_ROOT), cropped and resized as the prepare stage does."""
+    source: Literal["files", "prepared", "gtsrb"] = "files"
+    """Labelled images, sent as whole PNG files as users send them: `files` = the prepared test split's original
+    files (data/prepared/test_files); `gtsrb` = the GTSRB test split's files under data.root ($GTSRB_ROOT);
+    `prepared` = the prepared crops (ROI + margin, resized) of data/prepared/test.npz."""
     images: int = Field(200, ge=0)
     """Images to send: the first N of the source; 0 = all of them."""
     batch_size: int = Field(8, ge=1, le=256)

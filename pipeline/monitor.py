@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifacts import REPORTS_DIR
-from pipeline.artifacts.prepared import PREPARED_DIR, read_split
-from pipeline.client import http, png_multipart, top1
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
+from pipeline.client import encode, http, multipart, top1
 from pipeline.config import MONITOR_URL_ENV, MonitorConfig, Params
 from pipeline.console import log
 from pipeline.errors import StageError
@@ -56,36 +56,49 @@ def resolve_url(config: MonitorConfig, url: str | None = None) -> str:
     return chosen.rstrip("/")
 
 
-def labelled_images(params: Params) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 [N,S,S,3] images and their labels from `monitor.source`, the first `monitor.images` of them."""
+def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
+    """Encoded image files and their labels from `monitor.source`, the first `monitor.images` of them:
+    `files` = the prepared test split's original files, whole (what users send); `gtsrb` = the GTSRB test split's
+    files under data.root ($GTSRB_ROOT), whole; `prepared` = the prepared crops (ROI + margin, resized) as PNG."""
+    from PIL import Image
+
     config = params.monitor
     limit = config.images or None
-    if config.source == "prepared":
+    if config.source == "files":
+        originals = read_test_files(PREPARED_DIR)[:limit]
+        if not originals:
+            raise StageError(
+                f"{PREPARED_DIR} keeps no original test files: run `pipeline prepare` (or `dvc pull`), "
+                "or use monitor.source: gtsrb with GTSRB_ROOT"
+            )
+        files, targets = [], []
+        for original in originals:
+            with Image.open(original.path) as image:
+                files.append(encode(image, "png"))
+            targets.append(original.label)
+    elif config.source == "prepared":
         path = PREPARED_DIR / "test.npz"
         if not path.is_file():
             raise StageError(
                 f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: gtsrb with GTSRB_ROOT"
             )
         test = read_split("test", PREPARED_DIR)
-        images, labels = test.images[:limit], test.labels[:limit].astype(np.int64)
+        files = [encode(image, "png") for image in test.images[:limit]]
+        targets = test.labels[:limit].tolist()
     else:
         from pipeline.data.gtsrb import read_test_split
-        from pipeline.preprocess import BadImage, open_image, to_array
+        from pipeline.preprocess import BadImage, open_image
 
-        data = params.data
-        arrays: list[np.ndarray] = []
-        targets: list[int] = []
-        for file in read_test_split(data.resolved_root())[:limit]:
+        files, targets = [], []
+        for file in read_test_split(params.data.resolved_root())[:limit]:
             try:
-                arrays.append(to_array(open_image(str(file.path)), data.image_size, file.box, data.roi_margin))
+                files.append(encode(open_image(str(file.path)), "png"))
             except BadImage:
                 continue  # the prepare stage skips unreadable files too
             targets.append(file.label)
-        images = np.stack(arrays) if arrays else np.zeros((0, data.image_size, data.image_size, 3), np.uint8)
-        labels = np.asarray(targets, dtype=np.int64)
-    if not len(images):
+    if not files:
         raise StageError(f"no labelled images to send (monitor.source: {config.source})")
-    return images, labels
+    return files, np.asarray(targets, dtype=np.int64)
 
 
 def scrape(url: str, timeout_s: float) -> dict[str, Any]:
@@ -149,8 +162,8 @@ def server_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
     }
 
 
-def _send(url: str, images: np.ndarray, start: int, timeout_s: float) -> Answer:
-    body, content_type = png_multipart(images)
+def _send(url: str, images: list[bytes], start: int, timeout_s: float) -> Answer:
+    body, content_type = multipart(images, "png")
     started = time.perf_counter()
     try:
         status, _, answer = http("POST", f"{url}/v1/predict", body, {"Content-Type": content_type}, timeout_s)
@@ -172,7 +185,7 @@ def _send(url: str, images: np.ndarray, start: int, timeout_s: float) -> Answer:
     return Answer(start, len(images), seconds, status, predictions)
 
 
-def probe(url: str, images: np.ndarray, labels: np.ndarray, config: MonitorConfig) -> dict[str, Any]:
+def probe(url: str, images: list[bytes], labels: np.ndarray, config: MonitorConfig) -> dict[str, Any]:
     """Send every image once; the client-side measurements."""
     starts = range(0, len(images), config.batch_size)
     started = time.perf_counter()

@@ -62,15 +62,20 @@ def test_healthy_server_passes_and_reports(server: Server, project: Path) -> Non
     params = params_for(project, images=0, batch_size=5, concurrency=3, min_accuracy=0.0, max_p99_latency_ms=60000.0)
     report = monitor.run(params, url=server.url)
 
-    images = server.test_images
-    expected = server.direct_probabilities((images.transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32))
-    with np.load(project / "data" / "prepared" / "test.npz") as npz:
-        labels = npz["labels"]
+    # The default source: the test split's original files, whole, as users send them.
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.serve.protocol import decode_images
+
+    originals = read_test_files(project / "data" / "prepared")
+    images = decode_images([(f.read_bytes(), None) for f in originals], server.image_size, 0.0, MAX_PIXELS)
+    expected = server.direct_probabilities(images)
+    labels = np.asarray([f.label for f in originals])
     probe = report["probe"]
     assert report["ok"] and report["breaches"] == []
     assert probe["images_sent"] == probe["answered_images"] == len(images)
     assert probe["requests"] == -(-len(images) // 5) and probe["errors"] == 0
-    # The PNG round trip is lossless: the accuracy through the API is the model's own on these images.
+    # The PNG round trip is lossless: the accuracy through the API is the model's own on the original files.
     assert probe["correct"] == int((expected.argmax(axis=1) == labels).sum())
     assert 0 < probe["latency_ms"]["p50"] <= probe["latency_ms"]["p99"] <= probe["latency_ms"]["max"]
     # The server's own counters saw exactly the probe's requests.
@@ -128,11 +133,14 @@ def test_url_comes_from_option_env_or_params(project: Path, monkeypatch: pytest.
     assert monitor.resolve_url(config, "http://opt:2") == "http://opt:2"
 
 
-def test_gtsrb_source_gives_the_prepared_images(tiny_project: Path, project: Path) -> None:
+def test_gtsrb_source_sends_the_same_whole_files_as_the_prepared_originals(tiny_project: Path, project: Path) -> None:
     raw = yaml.safe_load((tiny_project / "params.yaml").read_text())["data"]["root"]
-    prepared = monitor.labelled_images(params_for(project, images=0))
+    files, labels = monitor.labelled_images(params_for(project, images=0))
     params = params_for(project, images=0, source="gtsrb")
     params = params.model_copy(update={"data": params.data.model_copy(update={"root": Path(raw)})})
-    images, labels = monitor.labelled_images(params)
-    np.testing.assert_array_equal(labels, prepared[1])
-    np.testing.assert_array_equal(images, prepared[0])
+    gtsrb_files, gtsrb_labels = monitor.labelled_images(params)
+    np.testing.assert_array_equal(gtsrb_labels, labels)
+    assert gtsrb_files == files
+    crops, crop_labels = monitor.labelled_images(params_for(project, images=0, source="prepared"))
+    np.testing.assert_array_equal(crop_labels, labels)
+    assert len(crops) == len(files) and crops != files  # the crops are another image than the whole file

@@ -71,6 +71,9 @@ class Variant(_Strict):
     """Top-1 on the test split, as a fraction."""
     accuracy_drop: float
     """fp32 top-1 minus this variant's top-1 (fraction; negative = better)."""
+    served_accuracy: float | None = None
+    """Top-1 on the test split's original files, whole, through the server's decode + preprocess: what the API
+    delivers (deploy's smoke test must reproduce it). None when the prepared data keeps no original files."""
     size_bytes: int
     sha256: str
     parameters: int

@@ -46,6 +46,23 @@ def load_images(split: str, image_size: int, limit: int | None = None, seed: int
     return Images(arrays.model_input(), arrays.labels.astype(np.int64))
 
 
+def served_inputs(image_size: int) -> Images | None:
+    """The test split's original files, whole, decoded by the server's own code (serve.protocol.decode_images);
+    None when the prepared data keeps no original files."""
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.serve.protocol import BadRequest, decode_images
+
+    files = read_test_files(PREPARED_DIR)
+    if not files:
+        return None
+    try:
+        images = decode_images([(f.read_bytes(), None) for f in files], image_size, 0.0, MAX_PIXELS)
+    except BadRequest as exc:
+        raise StageError(f"an original test file cannot be decoded ({exc}); rerun `pipeline prepare`") from None
+    return Images(images, np.asarray([f.label for f in files], dtype=np.int64))
+
+
 def predict_all(runtime: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
     return np.concatenate([runtime.predict(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
 
@@ -77,6 +94,7 @@ class Optimizer:
         self.calibration = load_images(
             "train", self.image_size, limit=self.cfg.calibration_images, seed=self.cfg.seed
         ).images
+        self.served = served_inputs(self.image_size)
         self.results: list[Variant] = []
         self.baseline: float | None = None
 
@@ -100,6 +118,9 @@ class Optimizer:
         logits = predict_all(runtime, self.test.images, self.cfg.batch_size)
         seconds = time.perf_counter() - start
         accuracy = float((logits.argmax(1) == self.test.labels).mean())
+        if self.served is not None:  # what users send: the original files, whole, as the server decodes them
+            served_logits = predict_all(runtime, self.served.images, self.cfg.batch_size)
+            c.details["served_accuracy"] = float((served_logits.argmax(1) == self.served.labels).mean())
         return accuracy, logits, seconds
 
     def judge(self, c: Candidate, made: bool = True, error: str = "") -> Variant:
@@ -145,6 +166,7 @@ class Optimizer:
             runtimes=c.runtimes,
             precision=c.precision,
             accuracy=accuracy,
+            served_accuracy=c.details.pop("served_accuracy", None) if made else None,
             accuracy_drop=drop,
             size_bytes=path.stat().st_size if path.exists() else 0,
             sha256=sha256_of(path) if path.exists() else "",
@@ -276,15 +298,16 @@ def markdown_table(manifest: ModelManifest) -> str:
         f"Test split: {manifest.test_images} images; fp32 top-1 {manifest.baseline_accuracy:.4f}; "
         f"gate: drop <= {100 * manifest.max_accuracy_drop:.2f} points.",
         "",
-        "| variant | format | top-1 | drop (points) | file size | parameters | parity (max abs diff / top-1 agreement) "
-        "| shipped |",
-        "|---|---|---:|---:|---:|---:|---|---|",
+        "| variant | format | top-1 (ROI crops) | drop (points) | served top-1 (whole files) | file size | parameters "
+        "| parity (max abs diff / top-1 agreement) | shipped |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for v in manifest.variants:
         parity = f"{v.parity.max_abs_diff:.2e} / {v.parity.top1_agreement:.4f}" if v.parity else "-"
         shipped = "yes" if v.accepted else f"no: {v.reason}"
         lines.append(
             f"| {v.name} | {v.format} | {v.accuracy:.4f} | {100 * v.accuracy_drop:+.2f} | "
+            f"{'-' if v.served_accuracy is None else f'{v.served_accuracy:.4f}'} | "
             f"{v.size_bytes / 1024:.1f} KiB | {v.parameters:,} | {parity} | {shipped} |"
         )
     return "\n".join(lines) + "\n"

@@ -21,8 +21,9 @@ import numpy as np
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import image as image_file
 from pipeline.artifacts import predictions as predictions_file
-from pipeline.artifacts.prepared import PREPARED_DIR, read_split
-from pipeline.client import smoke_test
+from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
+from pipeline.artifacts.variants import read_manifest
+from pipeline.client import encode, predict_files, smoke_test
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
@@ -40,6 +41,31 @@ def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if not len(images):
         raise StageError(f"{PREPARED_DIR / 'test.npz'} holds no test images")
     return images, labels
+
+
+def originals_through_api(url: str, limit: int = 0) -> dict[str, Any] | None:
+    """The test split's original files, whole (no box), sent as users send them: re-encoded as PNG (lossless:
+    the pixels the server decodes are the originals') and as JPEG (quality 95), through /v1/predict."""
+    from PIL import Image
+
+    files = read_test_files(PREPARED_DIR)[: limit or None]
+    if not files:
+        return None
+    labels = np.asarray([f.label for f in files])
+    out: dict[str, Any] = {"images": len(files)}
+    for kind in ("png", "jpeg"):
+        encoded = []
+        for f in files:
+            with Image.open(f.path) as image:
+                encoded.append(encode(image, kind))
+        predicted = np.asarray(predict_files(url, encoded, kind))
+        out[f"{kind}_accuracy"] = float((predicted == labels).mean())
+        out[f"{kind}_errors"] = int((predicted != labels).sum())
+    log(
+        f"deploy: original test files through /v1/predict: PNG {out['png_accuracy']:.4f}, "
+        f"JPEG {out['jpeg_accuracy']:.4f} on {len(files)} whole images"
+    )
+    return out
 
 
 def skipped(reason: str) -> None:
@@ -99,6 +125,7 @@ def run(params: Params) -> None:
     log(f"deploy: ready at {running.url} after {running.ready_seconds:.1f} s; smoke test on {len(images)} images")
     try:
         result = smoke_test(running.url, params.serve.model_name, images, labels)
+        originals = originals_through_api(running.url, config.smoke_images)
     except StageError:
         log(container.logs(engine, running.name))
         if not config.keep_running:
@@ -128,9 +155,19 @@ def run(params: Params) -> None:
         "served_model": result.model,
         "variant": variant,
     }
+    served_expected = None
+    if originals:
+        entry = read_manifest().variant(variant) if variant else None
+        served_expected = entry.served_accuracy if entry and not config.smoke_images else None
+        report |= {"original_files": originals, "expected_served_accuracy": served_expected}
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics: dict[str, Any] = {k: report[k] for k in ("accuracy", "evaluate_accuracy", "ready_seconds") if k in report}
+    if originals:
+        metrics |= {
+            "served_accuracy_png": originals["png_accuracy"],
+            "served_accuracy_jpeg": originals["jpeg_accuracy"],
+        }
     if "stop_seconds" in report:
         metrics["stop_seconds"] = report["stop_seconds"]
     (REPORT_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -147,6 +184,15 @@ def run(params: Params) -> None:
         raise StageError(
             f"smoke test failed: accuracy through the API {result.accuracy:.4f} differs from {expected:.4f} "
             f"({expected_source}) by more than deploy.accuracy_tolerance {config.accuracy_tolerance}"
+        )
+    if (
+        originals
+        and served_expected is not None
+        and (abs(originals["png_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12)
+    ):
+        raise StageError(
+            f"smoke test failed: the original test files (PNG, whole) score {originals['png_accuracy']:.4f} through "
+            f"the API, {served_expected:.4f} in optimize's measurement of {variant} (same files, same decode)"
         )
     if result.png_agree != result.png_checked:
         raise StageError(

@@ -98,6 +98,7 @@ def run(params: Params) -> None:
                 v.name: {
                     "accuracy": v.accuracy,
                     "accuracy_drop": v.accuracy_drop,
+                    **({"served_accuracy": v.served_accuracy} if v.served_accuracy is not None else {}),
                     "size_bytes": v.size_bytes,
                     "parameters": v.parameters,
                     "accepted": v.accepted,

@@ -93,7 +93,7 @@ def make_project(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     params = ship_params()
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
-    write_prepared(root, sizes=(256, 43, 86), image_size=16)
+    write_prepared(root, sizes=(256, 43, 86), image_size=16, originals=True)
     with chdir(root):
         train.run(params)
         evaluate.run(params)

@@ -426,3 +426,21 @@ def test_filters_are_ranked_with_their_batchnorm_scale_folded_in() -> None:
     assert folded.argmin() == 0 and folded.argmax() == 1
     prune.prune_filters(model, 0.125, "l1")  # 1 of 8 filters of each conv: channel 0 of the first
     assert bn.num_features == 7 and float(bn.weight.min()) > 0.4 and float(bn.weight.max()) == 50.0
+
+
+def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_project: Path) -> None:
+    """optimize measures each variant on what users send (the original test files, whole, decoded by the
+    server's code): the figure deploy's smoke test must reproduce through the API."""
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.runtimes import open_runtime, read_manifest
+    from pipeline.serve.protocol import decode_images
+
+    manifest = read_manifest(tiny_project / "models")
+    originals = read_test_files(tiny_project / "data" / "prepared")
+    images = decode_images([(f.read_bytes(), None) for f in originals], manifest.image_size, 0.0, MAX_PIXELS)
+    labels = np.asarray([f.label for f in originals])
+    for variant in manifest.accepted():
+        assert variant.served_accuracy is not None, variant.name
+        runtime = open_runtime(tiny_project / "models", variant.name)
+        assert variant.served_accuracy == float((runtime.predict(images).argmax(1) == labels).mean())
