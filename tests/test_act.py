@@ -69,6 +69,7 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert any(r["status"] == "ok" for r in report["results"])
         assert (artifact / "models" / "manifest.json").is_file()
         assert (artifact / "data" / "prepared" / "test.npz").is_file()
+        assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
         assert not (artifact / "models" / "checkpoints").exists()
         assert "epochs: 2" in (artifact / "params.yaml").read_text()
         assert (tmp_path / "act" / "pipeline" / f"mlflow-{arch}" / "mlflow.db").is_file()
