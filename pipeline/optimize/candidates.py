@@ -28,6 +28,7 @@ from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import finetune
 from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file
+from pipeline.served import served_test_inputs
 
 TORCH_RUNTIMES = [TORCH_EAGER, TORCH_COMPILE]
 
@@ -44,23 +45,6 @@ def load_images(split: str, image_size: int, limit: int | None = None, seed: int
     if len(arrays) == 0:
         raise StageError(f"{PREPARED_DIR / (split + '.npz')} holds no images; rerun `pipeline prepare`")
     return Images(arrays.model_input(), arrays.labels.astype(np.int64))
-
-
-def served_inputs(image_size: int) -> Images | None:
-    """The test split's original files, whole, decoded by the server's own code (serve.protocol.decode_images);
-    None when the prepared data keeps no original files."""
-    from pipeline.artifacts.prepared import read_test_files
-    from pipeline.preprocess import MAX_PIXELS
-    from pipeline.serve.protocol import BadRequest, decode_images
-
-    files = read_test_files(PREPARED_DIR)
-    if not files:
-        return None
-    try:
-        images = decode_images([(f.read_bytes(), None) for f in files], image_size, 0.0, MAX_PIXELS)
-    except BadRequest as exc:
-        raise StageError(f"an original test file cannot be decoded ({exc}); rerun `pipeline prepare`") from None
-    return Images(images, np.asarray([f.label for f in files], dtype=np.int64))
 
 
 def predict_all(runtime: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
@@ -94,7 +78,8 @@ class Optimizer:
         self.calibration = load_images(
             "train", self.image_size, limit=self.cfg.calibration_images, seed=self.cfg.seed
         ).images
-        self.served = served_inputs(self.image_size)
+        served = served_test_inputs(self.image_size)  # what users send, as the server decodes it
+        self.served = None if served is None else Images(*served)
         self.results: list[Variant] = []
         self.baseline: float | None = None
 

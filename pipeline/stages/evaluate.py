@@ -21,9 +21,10 @@ from pipeline import console
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
-from pipeline.artifacts.prepared import PREPARED_DIR, OriginalFile, read_manifest, read_test_files
+from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
 from pipeline.config import Params
 from pipeline.errors import StageError
+from pipeline.served import served_test_inputs
 from pipeline.tracking import stage_run
 
 EVAL_REPORTS = REPORTS_DIR / "evaluate"
@@ -42,23 +43,15 @@ def predict(model: Any, images: Any, batch_size: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def served_predictions(model: Any, files: list[OriginalFile], image_size: int, batch_size: int) -> np.ndarray:
-    """Class ids of the test split's original files as the server sees them: whole encoded images through the
-    server's own decode + preprocess (serve.protocol.decode_images: the same function objects), no ROI box."""
+def served_predictions(model: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Class ids of the original test files as the server decoded them (pipeline.served), in batches."""
     import torch
 
-    from pipeline.preprocess import MAX_PIXELS
-    from pipeline.serve.protocol import BadRequest, decode_images
-
-    out = []
     with torch.no_grad():
-        for start in range(0, len(files), batch_size):
-            chunk = files[start : start + batch_size]
-            try:
-                batch = decode_images([(f.read_bytes(), None) for f in chunk], image_size, 0.0, MAX_PIXELS)
-            except BadRequest as exc:
-                raise StageError(f"an original test file cannot be decoded ({exc}); rerun `pipeline prepare`") from None
-            out.append(model(torch.from_numpy(batch)).argmax(1).numpy())
+        out = [
+            model(torch.from_numpy(images[i : i + batch_size])).argmax(1).numpy()
+            for i in range(0, len(images), batch_size)
+        ]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
@@ -180,8 +173,8 @@ def run(params: Params) -> None:
         mlrun.set_tags({"torch": torch.__version__})
         preds = predict(model, test.images, cfg.batch_size)
         labels = test.labels.numpy()
-        originals = read_test_files(PREPARED_DIR)
-        served = served_predictions(model, originals, manifest.image_size, cfg.batch_size) if originals else None
+        originals = served_test_inputs(manifest.image_size, PREPARED_DIR)
+        served = None if originals is None else served_predictions(model, originals[0], cfg.batch_size)
         metrics = headline_metrics(labels, preds, served, classes, cfg.worst_classes)
         write_reports(labels, preds if served is None else served, metrics, classes)
         predictions_file.write(
