@@ -83,6 +83,39 @@ def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str =
     return values.reshape(tensor["shape"])
 
 
+def infer_files(base_url: str, model_name: str, files: list[bytes], batch_size: int = 32) -> list[int]:
+    """Top-1 class ids for encoded image files sent byte for byte as an OIP v2 BYTES tensor [N] with the binary
+    data extension (each element a 4-byte little-endian length, then the bytes), as tritonclient sends them."""
+    predicted: list[int] = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start : start + batch_size]
+        raw = b"".join(len(data).to_bytes(4, "little") + data for data in chunk)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "images",
+                        "shape": [len(chunk)],
+                        "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(raw)},
+                    }
+                ],
+                "outputs": [{"name": "class_id", "parameters": {"binary_data": False}}],
+            }
+        ).encode()
+        status, _, body = http(
+            "POST",
+            f"{base_url}/v2/models/{model_name}/infer",
+            header + raw,
+            {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
+        )
+        if status != 200:
+            raise StageError(f"OIP v2 BYTES inference failed: HTTP {status}: {body[:300]!r}")
+        (tensor,) = json.loads(body)["outputs"]
+        predicted.extend(int(v) for v in tensor["data"])
+    return predicted
+
+
 def multipart(files: list[bytes], kind: str = "png", boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
     """A multipart body with each encoded image as a file (field `files`, image/`kind`), and its Content-Type."""
     parts = [

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
@@ -37,7 +37,16 @@ class DataConfig(Section):
     image_size: int = Field(32, ge=8, le=256)
     """Side of the square images the model sees, in pixels."""
     roi_margin: float = Field(0.1, ge=0.0, le=1.0)
-    """Margin kept around the official ROI box, as a fraction of the box size on each side."""
+    """Margin around the sign, as a fraction of its box on each side: what `framing: roi` crops, and what
+    `crop: auto` leaves around the sign of an average whole image."""
+    framing: Literal["served", "roi"] = "served"
+    """How train and val images are made. `served`: the whole image file less `crop`, exactly what the server
+    does with a file it is sent (train on what is served). `roi`: the sign's annotated box + roi_margin (the
+    paper protocol; the server then sees framings the model never learned)."""
+    crop: Literal["auto", "none"] = "auto"
+    """What the served input cuts off each side of a whole image. `auto`: the training split's average
+    background at each side less roi_margin (GTSRB's signs are not centred; more pixels land on the sign).
+    `none`: the whole image. Recorded in the prepared manifest and the models' manifest; the server applies it."""
     val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
     """Fraction of each class's tracks (physical signs) held out for validation."""
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
@@ -59,9 +68,10 @@ class ModelConfig(Section):
     """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     """signnet: dropout before the classifier."""
-    input_norm: Literal["dataset", "image"] = "image"
+    input_norm: Literal["dataset", "image", "local"] = "image"
     """signnet: `image` standardises each image by its own mean/std (contrast normalisation, robust to
-    dark photos); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
+    dark photos); `local` adds a local contrast normalisation (9x9 neighbourhood: shadows and glare within a
+    sign); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
     members: int = Field(2, ge=1, le=8)
     """Committee size: > 1 trains that many differently initialised copies side by side (same batches,
     each its own loss) and predicts with their mean probability. Costs members x the compute."""
@@ -200,9 +210,25 @@ class ServeConfig(Section):
     max_images_per_request: int = Field(256, ge=1)
     max_image_pixels: int = Field(4096 * 4096, ge=64)
     """Larger images (by their header) get 400 without being decoded."""
+    max_request_pixels: int = Field(64 * 1024 * 1024, ge=64)
+    """All images of one request together (by their headers): more gets 413 without decoding any. Bounds a
+    request's decoding time; memory is bounded by one image (each is freed before the next is decoded)."""
     top_k: int = Field(5, ge=1, le=43)
     drain_timeout_s: float = Field(10.0, ge=0.0)
     """On SIGTERM/SIGINT: how long in-flight requests may take to finish."""
+
+    @model_validator(mode="after")
+    def _limits_fit_together(self) -> ServeConfig:
+        if self.max_images_per_request > self.max_queue_images:
+            raise ValueError(
+                f"max_images_per_request ({self.max_images_per_request}) exceeds max_queue_images "
+                f"({self.max_queue_images}): such a request could never be queued"
+            )
+        if self.max_image_pixels > self.max_request_pixels:
+            raise ValueError(
+                f"max_image_pixels ({self.max_image_pixels}) exceeds max_request_pixels ({self.max_request_pixels})"
+            )
+        return self
 
 
 class OptimizeConfig(Section):

@@ -7,14 +7,20 @@ PIL + numpy only (no torch), so the inference image does not need the training s
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 Box = tuple[int, int, int, int]  # x1, y1, x2, y2 as in GTSRB's CSVs (inclusive corners)
+Crop = tuple[float, float, float, float]  # fractions of the width / height cut at the left, top, right, bottom
+NO_CROP: Crop = (0.0, 0.0, 0.0, 0.0)
 
 # Big enough for any real photo of a sign, small enough that a hostile header cannot exhaust memory.
 MAX_PIXELS = 4096 * 4096
+# The decoders PIL may use: the formats cameras, browsers and GTSRB (PPM) produce. The others (PSD, EPS,
+# TGA, FITS, ...) are attack surface nobody needs here.
+ACCEPTED_FORMATS = ("PNG", "JPEG", "PPM", "BMP", "WEBP", "GIF")
 
 
 class BadImage(ValueError):
@@ -22,28 +28,56 @@ class BadImage(ValueError):
 
 
 def box_with_margin(box: Box, margin: float, width: int, height: int) -> Box:
-    """Grow an inclusive ROI box by `margin` x its size on each side, clipped to the image.
-
-    GTSRB images keep about 10% of background around the sign, so margin 0.1 gives roughly the
-    whole image: the model then learns what the server will be sent (whole sign images).
-    """
+    """Grow an inclusive ROI box by `margin` x its size on each side, clipped to the image."""
     x1, y1, x2, y2 = box
     if not (0 <= x1 <= x2 and 0 <= y1 <= y2):
         raise BadImage(f"invalid ROI box {box}")
+    if x1 >= width or y1 >= height:
+        raise BadImage(f"ROI box {box} starts outside the {width}x{height} image")
+    x2, y2 = min(x2, width - 1), min(y2, height - 1)  # a box running past the edge: the part inside
     dx = round((x2 - x1 + 1) * margin)
     dy = round((y2 - y1 + 1) * margin)
     return (max(0, x1 - dx), max(0, y1 - dy), min(width - 1, x2 + dx), min(height - 1, y2 + dy))
 
 
-def to_array(image: Image.Image, size: int, box: Box | None = None, margin: float = 0.1) -> np.ndarray:
-    """Crop (to `box` grown by `margin`, or the whole image) and resize to size x size RGB uint8 (HWC)."""
+def to_array(
+    image: Image.Image, size: int, box: Box | None = None, margin: float = 0.1, crop: Crop = NO_CROP
+) -> np.ndarray:
+    """Crop (to `box` grown by `margin`; without a box, the whole image less the `crop` fractions) and resize
+    to size x size RGB uint8 (HWC)."""
     image = image.convert("RGB")
+    region: tuple[float, float, float, float] | None = None
     if box is not None:
         x1, y1, x2, y2 = box_with_margin(box, margin, image.width, image.height)
         image = image.crop((x1, y1, x2 + 1, y2 + 1))
+    elif crop != NO_CROP:
+        left, top, right, bottom = crop
+        w, h = image.width, image.height
+        # Sub-pixel region of the source: resize samples it directly, so small images lose no precision.
+        region = (left * w, top * h, w - right * w, h - bottom * h)
     # PIL's bilinear filter antialiases when shrinking, so small and large sources look alike.
-    image = image.resize((size, size), Image.Resampling.BILINEAR)
+    image = image.resize((size, size), Image.Resampling.BILINEAR, box=region)
     return np.asarray(image, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How an image file becomes the model's input: the served contract, recorded by prepare in the prepared
+    manifest and by optimize in the variants' manifest, applied by evaluate, the server and `pipeline predict`.
+    A request may name the sign's box (then: box + `roi_margin`); otherwise the whole image less `crop`."""
+
+    size: int
+    roi_margin: float = 0.1
+    crop: Crop = NO_CROP
+
+    def __post_init__(self) -> None:
+        left, top, right, bottom = self.crop
+        if min(self.crop) < 0 or left + right >= 0.9 or top + bottom >= 0.9:
+            raise ValueError(f"crop {self.crop} must be fractions >= 0 that leave at least 10% of each side")
+
+    def array(self, image: Image.Image, box: Box | None = None) -> np.ndarray:
+        """uint8 [S, S, 3] RGB."""
+        return to_array(image, self.size, box, self.roi_margin, self.crop)
 
 
 def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
@@ -52,13 +86,15 @@ def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     try:
-        image = Image.open(source)
+        image = Image.open(source, formats=ACCEPTED_FORMATS)
         if image.width * image.height > max_pixels:
             raise BadImage(f"image is {image.width}x{image.height}, larger than {max_pixels} pixels")
     except BadImage:
         raise
     except Image.DecompressionBombError:  # PIL's own guard, for headers far beyond max_pixels
         raise BadImage(f"image is larger than {max_pixels} pixels") from None
+    except Image.UnidentifiedImageError:
+        raise BadImage(f"not an image in an accepted format ({', '.join(ACCEPTED_FORMATS)})") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise BadImage(f"cannot decode image: {exc}") from None
     return image

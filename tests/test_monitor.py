@@ -63,12 +63,13 @@ def test_healthy_server_passes_and_reports(server: Server, project: Path) -> Non
     report = monitor.run(params, url=server.url)
 
     # The default source: the test split's original files, whole, as users send them.
-    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.artifacts.prepared import read_manifest, read_test_files
     from pipeline.preprocess import MAX_PIXELS
     from pipeline.serve.protocol import decode_images
 
     originals = read_test_files(project / "data" / "prepared")
-    images = decode_images([(f.read_bytes(), None) for f in originals], server.image_size, 0.0, MAX_PIXELS)
+    framing = read_manifest(project / "data" / "prepared").served_framing()
+    images = decode_images([(f.read_bytes(), None) for f in originals], framing, MAX_PIXELS)
     expected = server.direct_probabilities(images)
     labels = np.asarray([f.label for f in originals])
     probe = report["probe"]

@@ -17,6 +17,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.artifacts import DATA_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
+from pipeline.preprocess import NO_CROP, Framing
 
 PREPARED_DIR = DATA_DIR / "prepared"
 MANIFEST_FILE = "manifest.json"
@@ -80,6 +82,16 @@ class PreparedManifest(_Record):
     """SHA-256 of every split's images and labels: what a checkpoint or a model was made from."""
     test_files: list[str] = []
     """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
+    framing: Literal["served", "roi"] = "roi"
+    """How train and val were made: `served` = whole files less `crop` (what the server is sent), `roi` = the
+    sign's box + roi_margin. test.npz is always the ROI protocol (how papers report GTSRB); the served test
+    input is test_files/ through `served_framing()`."""
+    crop: tuple[float, float, float, float] = NO_CROP
+    """What the served input cuts off a whole image (left, top, right, bottom fractions); see preprocess.Framing."""
+
+    def served_framing(self) -> Framing:
+        """How the server turns a file into this data's model input (optimize copies it into models/manifest)."""
+        return Framing(self.image_size, self.roi_margin, self.crop)
 
 
 def content_sha256(arrays: dict[str, SplitArrays]) -> str:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
+from pipeline.preprocess import NO_CROP, Framing
 
 MANIFEST_NAME = "manifest.json"
 VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
@@ -37,10 +38,16 @@ class Preprocess(_Strict):
     mean: list[float]
     """Per-channel mean of the training split; applied INSIDE the model (do not normalise again)."""
     std: list[float]
+    crop: tuple[float, float, float, float] = NO_CROP
+    """Without a box: fractions of the width / height cut at the left, top, right and bottom of the whole image
+    before the resize (prepare derives it from the training split's sign boxes)."""
     normalized_in_model: bool = True
     input_range: list[float] = Field(default_factory=lambda: [0.0, 1.0])
     """The model takes RGB pixels / 255."""
     layout: Literal["NCHW"] = "NCHW"
+
+    def framing(self) -> Framing:
+        return Framing(self.resize, self.roi_margin, self.crop)
 
 
 class InputSpec(_Strict):
@@ -74,6 +81,8 @@ class Variant(_Strict):
     served_accuracy: float | None = None
     """Top-1 on the test split's original files, whole, through the server's decode + preprocess: what the API
     delivers (deploy's smoke test must reproduce it). None when the prepared data keeps no original files."""
+    served_predicted: list[int] | None = None
+    """Top-1 class of each of those files, in order: deploy's smoke test must get exactly these through the API."""
     size_bytes: int
     sha256: str
     parameters: int

@@ -70,20 +70,29 @@ class SignFile:
     label: int
     box: Box | None  # ROI from the official CSV; None when the file has no annotation row
     track: int  # physical sign within the class (train only; -1 for test images)
+    size: tuple[int, int] | None = None  # (width, height) from the official CSV, with the box
 
 
-def _read_boxes(csv_path: Path) -> dict[str, tuple[Box, int]]:
-    """Filename -> (ROI box, ClassId) from one of GTSRB's semicolon-separated annotation files."""
-    boxes: dict[str, tuple[Box, int]] = {}
+Annotation = tuple[Box, int, tuple[int, int] | None]  # ROI box, ClassId, (Width, Height)
+
+
+def _read_boxes(csv_path: Path) -> dict[str, Annotation]:
+    """Filename -> (ROI box, ClassId, image size) from one of GTSRB's semicolon-separated annotation files."""
+    boxes: dict[str, Annotation] = {}
     if not csv_path.is_file():
         return boxes
     with csv_path.open(newline="") as f:
         for row in csv.DictReader(f, delimiter=";"):
             try:
                 box = (int(row["Roi.X1"]), int(row["Roi.Y1"]), int(row["Roi.X2"]), int(row["Roi.Y2"]))
-                boxes[row["Filename"]] = (box, int(row["ClassId"]))
+                label = int(row["ClassId"])
             except (KeyError, TypeError, ValueError):
                 continue  # a malformed row: the image is still used, uncropped
+            try:
+                size: tuple[int, int] | None = (int(row["Width"]), int(row["Height"]))
+            except (KeyError, TypeError, ValueError):
+                size = None
+            boxes[row["Filename"]] = (box, label, size)
     return boxes
 
 
@@ -109,7 +118,7 @@ def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]
         raise StageError(f"GTSRB {split} split under {root} holds no .ppm images: {LAYOUT_HELP}")
     files: list[SignFile] = []
     if split == "train":
-        by_folder: dict[Path, dict[str, tuple[Box, int]]] = {}
+        by_folder: dict[Path, dict[str, Annotation]] = {}
         for path_str, _ in samples:
             path = Path(path_str)
             folder = path.parent
@@ -119,13 +128,15 @@ def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]
             label = int(folder.name)
             annotation = by_folder[folder].get(path.name)
             track = int(path.stem.split("_")[0]) if "_" in path.stem else -1
-            files.append(SignFile(path, label, annotation[0] if annotation else None, track))
+            box, size = (annotation[0], annotation[2]) if annotation else (None, None)
+            files.append(SignFile(path, label, box, track, size))
     else:
         boxes = _read_boxes(root / "gtsrb" / "GT-final_test.csv")
         for path_str, label in samples:
             path = Path(path_str)
             annotation = boxes.get(path.name)
-            files.append(SignFile(path, label, annotation[0] if annotation else None, -1))
+            box, size = (annotation[0], annotation[2]) if annotation else (None, None)
+            files.append(SignFile(path, label, box, -1, size))
     bad_labels = sorted({f.label for f in files if not 0 <= f.label < NUM_CLASSES})
     if bad_labels:
         raise StageError(f"GTSRB {split} split under {root} has class ids outside 0..42: {bad_labels}")
@@ -138,7 +149,7 @@ def read_test_split(root: Path) -> list[SignFile]:
     csv_path = root / "gtsrb" / "GT-final_test.csv"
     images = root / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
     boxes = _read_boxes(csv_path)
-    files = [SignFile(images / name, label, box, -1) for name, (box, label) in sorted(boxes.items())]
+    files = [SignFile(images / name, label, box, -1, size) for name, (box, label, size) in sorted(boxes.items())]
     files = [f for f in files if f.path.is_file()]
     if not files:
         raise StageError(f"no labelled GTSRB test images under {root}: {LAYOUT_HELP}")

@@ -78,7 +78,7 @@ class Optimizer:
         self.calibration = load_images(
             "train", self.image_size, limit=self.cfg.calibration_images, seed=self.cfg.seed
         ).images
-        served = served_test_inputs(self.image_size)  # what users send, as the server decodes it
+        served = served_test_inputs()  # what users send, as the server decodes it
         self.served = None if served is None else Images(*served)
         self.results: list[Variant] = []
         self.baseline: float | None = None
@@ -105,7 +105,9 @@ class Optimizer:
         accuracy = float((logits.argmax(1) == self.test.labels).mean())
         if self.served is not None:  # what users send: the original files, whole, as the server decodes them
             served_logits = predict_all(runtime, self.served.images, self.cfg.batch_size)
-            c.details["served_accuracy"] = float((served_logits.argmax(1) == self.served.labels).mean())
+            served_predicted = served_logits.argmax(1)
+            c.details["served_accuracy"] = float((served_predicted == self.served.labels).mean())
+            c.details["served_predicted"] = served_predicted.astype(int).tolist()
         return accuracy, logits, seconds
 
     def judge(self, c: Candidate, made: bool = True, error: str = "") -> Variant:
@@ -152,6 +154,7 @@ class Optimizer:
             precision=c.precision,
             accuracy=accuracy,
             served_accuracy=c.details.pop("served_accuracy", None) if made else None,
+            served_predicted=c.details.pop("served_predicted", None) if made else None,
             accuracy_drop=drop,
             size_bytes=path.stat().st_size if path.exists() else 0,
             sha256=sha256_of(path) if path.exists() else "",
@@ -268,6 +271,7 @@ def build_manifest(
             resize=size,
             mean=[float(v) for v in payload["mean"]],
             std=[float(v) for v in payload["std"]],
+            crop=prepared.crop,
         ),
         input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
         output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),

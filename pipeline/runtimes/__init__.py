@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.artifacts.variants import ModelManifest, Variant, read_manifest
+from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
 from pipeline.runtimes.base import BACKENDS, ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Runtime
 
@@ -47,6 +48,12 @@ def open_file(
         )
     if not Path(path).exists():
         raise StageError(f"{path} not found (variant {variant.name!r})")
+    if variant.sha256 and sha256_of(Path(path)) != variant.sha256:
+        # Checked before any loader parses the file: a swapped or corrupted file is never opened.
+        raise StageError(
+            f"{path} does not match the SHA-256 its manifest records for {variant.name!r}: the file was changed "
+            "or corrupted after the optimize stage made it; rerun `pipeline optimize` (or `dvc pull`)"
+        )
     try:
         if backend == ONNXRUNTIME:
             from pipeline.runtimes.onnx import OnnxRuntime

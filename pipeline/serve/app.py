@@ -167,6 +167,16 @@ class Observe:
                 errors.inc()
 
 
+def flag(value: Any, where: str) -> bool:
+    """An OIP boolean parameter: JSON true/false (absent = false); anything else, such as the string "false",
+    is a client error rather than a truthy value."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise HTTPException(400, f"{where} must be true or false, got {value!r}")
+    return value
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
@@ -221,8 +231,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     async def run_model(images: np.ndarray) -> np.ndarray:
         try:
             async with asyncio.timeout(config.request_timeout_s):
-                metrics.images.inc(len(images))
-                return await batcher.infer(images)
+                probabilities = await batcher.infer(images)
+            metrics.images.inc(len(images))  # classified ones only: refused or timed-out requests do not count
+            return probabilities
         except QueueFull:
             raise HTTPException(503, "server busy: inference queue is full", {"Retry-After": "1"}) from None
         except Draining:
@@ -237,10 +248,16 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     async def decode(items: list[tuple[bytes, Box | None]]) -> np.ndarray:
         try:
             opened = peek_images(items, config.max_image_pixels)  # headers only: cheap
-            if pixel_count(opened) <= INLINE_DECODE_PIXELS:  # small images: a thread hop costs more
-                return decode_opened(opened, model.image_size, model.roi_margin)
+            total = pixel_count(opened)
+            if total > config.max_request_pixels:
+                raise BadRequest(
+                    f"the request's images hold {total} pixels together, more than {config.max_request_pixels}",
+                    413,
+                )
+            if total <= INLINE_DECODE_PIXELS:  # small images: a thread hop costs more
+                return decode_opened(opened, model.framing)
             # larger ones are CPU work: keep it off the event loop
-            return await asyncio.to_thread(decode_opened, opened, model.image_size, model.roi_margin)
+            return await asyncio.to_thread(decode_opened, opened, model.framing)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
@@ -274,6 +291,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                 "variant": model.variant,
                 "input_range": [0.0, 1.0],
                 "also_accepts": "a BYTES input [N] of encoded image files",
+                # How a file becomes the FP32 input: clients that send tensors must frame images the same way.
+                "framing": {
+                    "crop_left_top_right_bottom": list(model.framing.crop),
+                    "resize": s,
+                    "roi_margin_with_box": model.framing.roi_margin,
+                },
                 "classes": model.classes,
             },
         }
@@ -315,8 +338,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         if unknown:
             raise HTTPException(400, f"unknown output {unknown[0]!r}; available: {', '.join(OUTPUT_NAMES)}")
         values = {"probabilities": probabilities, "class_id": probabilities.argmax(axis=1).astype(np.int64)}
-        binary_out = bool((parsed.parameters or {}).get("binary_data_output")) or any(
-            (o.parameters or {}).get("binary_data") for o in parsed.outputs or []
+        binary_out = flag((parsed.parameters or {}).get("binary_data_output"), "parameters.binary_data_output") or any(
+            flag((o.parameters or {}).get("binary_data"), f"outputs.{o.name}.parameters.binary_data")
+            for o in parsed.outputs or []
         )
         described, chunks = encode_outputs({n: values[n] for n in wanted}, binary_out)
         payload: dict[str, Any] = {

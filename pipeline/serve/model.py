@@ -13,17 +13,21 @@ from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
 from pipeline.errors import StageError
+from pipeline.preprocess import Framing
 
 
 @dataclass(frozen=True)
 class ServedModel:
     classes: list[str]
-    image_size: int
-    roi_margin: float
+    framing: Framing
     variant: str
     backend: str
     version: str
     predict_logits: Callable[[np.ndarray], np.ndarray]
+
+    @property
+    def image_size(self) -> int:
+        return self.framing.size
 
     def probabilities(self, images: np.ndarray) -> np.ndarray:
         logits = self.predict_logits(images).astype(np.float32, copy=False)
@@ -56,8 +60,7 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
     runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None, spin=False)
     return ServedModel(
         classes=list(manifest.classes),
-        image_size=manifest.image_size,
-        roi_margin=manifest.preprocess.roi_margin,
+        framing=manifest.preprocess.framing(),
         variant=variant_name,
         backend=runtime.name,
         version=variant.sha256[:12],

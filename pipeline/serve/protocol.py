@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import struct
 from typing import Any
 
@@ -14,9 +15,10 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from python_multipart.multipart import parse_options_header
 
-from pipeline.preprocess import BadImage, Box, load_image, peek_image, to_array
+from pipeline.preprocess import BadImage, Box, Framing, load_image, peek_image
 
 BINARY_HEADER = "inference-header-content-length"
+MAX_DIMENSION = 1 << 20  # any one tensor dimension; the real limits (batch, image side) are checked after
 
 
 class BadRequest(Exception):
@@ -128,9 +130,13 @@ def tensor_images(
         raise BadRequest(f"expected exactly one input tensor, got {len(request.inputs)}")
     tensor = request.inputs[0]
     shape = tensor.shape
-    if any(not isinstance(d, int) or d < 0 for d in shape):
-        raise BadRequest(f"input {tensor.name!r}: shape must be non-negative integers, got {shape}")
-    count = int(np.prod(shape)) if shape else 1
+    # Checked before any arithmetic on it: a product of huge dimensions is big-integer work that would stall
+    # the event loop (and numpy's product silently overflows).
+    if len(shape) > 4 or any(not isinstance(d, int) or not 0 <= d <= MAX_DIMENSION for d in shape):
+        raise BadRequest(
+            f"input {tensor.name!r}: shape must be at most 4 integers in 0..{MAX_DIMENSION}, got {shape[:8]}"
+        )
+    count = math.prod(shape)
     raw, _ = _binary_slice(tensor, binary, 0)
     if tensor.datatype == "FP32":
         expected = [None, 3, image_size, image_size]
@@ -149,8 +155,8 @@ def tensor_images(
                 raise BadRequest(f"input {tensor.name!r}: no data")
             try:
                 array = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
-            except (TypeError, ValueError):
-                raise BadRequest(f"input {tensor.name!r}: data must be numbers") from None
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an integer literal beyond float range
+                raise BadRequest(f"input {tensor.name!r}: data must be numbers within float32 range") from None
             if array.size != count:
                 raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} values, got {array.size}")
         if not np.isfinite(array).all():
@@ -187,23 +193,28 @@ def pixel_count(opened: list[tuple[Image.Image, Box | None]]) -> int:
     return sum(image.width * image.height for image, _ in opened)
 
 
-def decode_opened(opened: list[tuple[Image.Image, Box | None]], image_size: int, roi_margin: float) -> np.ndarray:
-    """Images from `peek_images` -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
-    out = np.empty((len(opened), 3, image_size, image_size), dtype=np.float32)
+_CLOSED = Image.new("1", (1, 1))
+
+
+def decode_opened(opened: list[tuple[Image.Image, Box | None]], framing: Framing) -> np.ndarray:
+    """Images from `peek_images` -> float32 [N,3,S,S] in [0,1], through the model's framing (preprocess.Framing)."""
+    out = np.empty((len(opened), 3, framing.size, framing.size), dtype=np.float32)
     for i, (image, box) in enumerate(opened):
         try:
-            pixels = to_array(load_image(image), image_size, box, roi_margin)
+            pixels = framing.array(load_image(image), box)
         except BadImage as exc:
             raise BadRequest(f"image {i}: {exc}") from None
+        finally:
+            # Free each decoded image before the next: a request's peak memory is one image, not all of them.
+            image.close()
+            opened[i] = (_CLOSED, None)
         out[i] = pixels.transpose(2, 0, 1) / np.float32(255.0)
     return out
 
 
-def decode_images(
-    images: list[tuple[bytes, Box | None]], image_size: int, roi_margin: float, max_pixels: int
-) -> np.ndarray:
-    """Encoded images -> float32 [N,3,S,S] in [0,1], through the same crop/resize as training."""
-    return decode_opened(peek_images(images, max_pixels), image_size, roi_margin)
+def decode_images(images: list[tuple[bytes, Box | None]], framing: Framing, max_pixels: int) -> np.ndarray:
+    """Encoded images -> float32 [N,3,S,S] in [0,1], through the model's framing (preprocess.Framing)."""
+    return decode_opened(peek_images(images, max_pixels), framing)
 
 
 def multipart_files(body: bytes, content_type: str, max_files: int) -> list[bytes] | None:

@@ -3,10 +3,12 @@
 Targets (`deploy.target`):
 - `local`: run the image containerize built (by id) on this engine;
 - `registry`: push it to `deploy.registry`, pull it back by digest, run what was pulled.
-Either way the container runs as in Kubernetes (read-only root, no capabilities), every test image goes
-through the Open Inference Protocol (FP32, binary extension) and a sample also as PNG through /v1/predict,
-and the accuracy through the API must equal the evaluate stage's on the same images (within
-`deploy.accuracy_tolerance`; for an int8 variant, the accuracy the optimize stage recorded for it). Then
+Either way the container runs as in Kubernetes (read-only root, no capabilities). What users send: every
+original test file, whole, byte for byte as an OIP v2 BYTES tensor and re-encoded as PNG and JPEG through
+/v1/predict; the lossless paths must give, file for file, the class optimize recorded for the served variant
+(its served accuracy). The prepared crops also go through OIP as FP32 tensors (and a sample as PNG), and
+that accuracy must equal the evaluate stage's (within `deploy.accuracy_tolerance`; for an int8 variant, the
+accuracy the optimize stage recorded for it). Then
 the container is stopped (`docker stop`, timed) unless `deploy.keep_running`.
 Writes reports/deploy/smoke.json and reports/deploy/metrics.json.
 """
@@ -23,7 +25,7 @@ from pipeline.artifacts import image as image_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
 from pipeline.artifacts.variants import read_manifest
-from pipeline.client import encode, predict_files, smoke_test
+from pipeline.client import encode, infer_files, predict_files, smoke_test
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
@@ -43,9 +45,10 @@ def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def originals_through_api(url: str, limit: int = 0) -> dict[str, Any] | None:
-    """The test split's original files, whole (no box), sent as users send them: re-encoded as PNG (lossless:
-    the pixels the server decodes are the originals') and as JPEG (quality 95), through /v1/predict."""
+def originals_through_api(url: str, model_name: str, limit: int = 0) -> dict[str, Any] | None:
+    """The test split's original files, whole (no box), sent as users send them: byte for byte as an OIP v2
+    BYTES tensor (what tritonclient sends), re-encoded as PNG (lossless: the server decodes the originals'
+    pixels) and as JPEG (quality 95, what cameras and phones send) through /v1/predict (multipart)."""
     from PIL import Image
 
     files = read_test_files(PREPARED_DIR)[: limit or None]
@@ -53,19 +56,27 @@ def originals_through_api(url: str, limit: int = 0) -> dict[str, Any] | None:
         return None
     labels = np.asarray([f.label for f in files])
     out: dict[str, Any] = {"images": len(files)}
+    predicted: dict[str, list[int]] = {"oip_bytes": infer_files(url, model_name, [f.read_bytes() for f in files])}
     for kind in ("png", "jpeg"):
         encoded = []
         for f in files:
             with Image.open(f.path) as image:
                 encoded.append(encode(image, kind))
-        predicted = np.asarray(predict_files(url, encoded, kind))
-        out[f"{kind}_accuracy"] = float((predicted == labels).mean())
-        out[f"{kind}_errors"] = int((predicted != labels).sum())
+        predicted[kind] = predict_files(url, encoded, kind)
+    for kind, answers in predicted.items():
+        out[f"{kind}_accuracy"] = float((np.asarray(answers) == labels).mean())
+        out[f"{kind}_errors"] = int((np.asarray(answers) != labels).sum())
+    out["predicted"] = predicted
     log(
-        f"deploy: original test files through /v1/predict: PNG {out['png_accuracy']:.4f}, "
-        f"JPEG {out['jpeg_accuracy']:.4f} on {len(files)} whole images"
+        f"deploy: original test files, whole: OIP v2 BYTES {out['oip_bytes_accuracy']:.4f}, /v1/predict PNG "
+        f"{out['png_accuracy']:.4f}, JPEG {out['jpeg_accuracy']:.4f} on {len(files)} images"
     )
     return out
+
+
+def mismatches(got: list[int], expected: list[int]) -> list[int]:
+    """Indices where the API's answer differs from the recorded per-image prediction."""
+    return [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
 
 
 def skipped(reason: str) -> None:
@@ -125,7 +136,7 @@ def run(params: Params) -> None:
     log(f"deploy: ready at {running.url} after {running.ready_seconds:.1f} s; smoke test on {len(images)} images")
     try:
         result = smoke_test(running.url, params.serve.model_name, images, labels)
-        originals = originals_through_api(running.url, config.smoke_images)
+        originals = originals_through_api(running.url, params.serve.model_name, config.smoke_images)
     except StageError:
         log(container.logs(engine, running.name))
         if not config.keep_running:
@@ -156,15 +167,28 @@ def run(params: Params) -> None:
         "variant": variant,
     }
     served_expected = None
+    served_predicted: list[int] | None = None
+    differing: dict[str, list[int]] = {}
     if originals:
         entry = read_manifest().variant(variant) if variant else None
-        served_expected = entry.served_accuracy if entry and not config.smoke_images else None
-        report |= {"original_files": originals, "expected_served_accuracy": served_expected}
+        if entry and not config.smoke_images:
+            served_expected, served_predicted = entry.served_accuracy, entry.served_predicted
+        if served_predicted is not None:
+            # Lossless paths must give optimize's answer for every file; JPEG is re-encoded, so only reported.
+            differing = {
+                kind: mismatches(originals["predicted"][kind], served_predicted) for kind in ("oip_bytes", "png")
+            }
+        report |= {
+            "original_files": {k: v for k, v in originals.items() if k != "predicted"},
+            "expected_served_accuracy": served_expected,
+            "per_image_mismatches": differing,
+        }
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics: dict[str, Any] = {k: report[k] for k in ("accuracy", "evaluate_accuracy", "ready_seconds") if k in report}
     if originals:
         metrics |= {
+            "served_accuracy_oip_bytes": originals["oip_bytes_accuracy"],
             "served_accuracy_png": originals["png_accuracy"],
             "served_accuracy_jpeg": originals["jpeg_accuracy"],
         }
@@ -185,15 +209,19 @@ def run(params: Params) -> None:
             f"smoke test failed: accuracy through the API {result.accuracy:.4f} differs from {expected:.4f} "
             f"({expected_source}) by more than deploy.accuracy_tolerance {config.accuracy_tolerance}"
         )
-    if (
-        originals
-        and served_expected is not None
-        and (abs(originals["png_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12)
-    ):
-        raise StageError(
-            f"smoke test failed: the original test files (PNG, whole) score {originals['png_accuracy']:.4f} through "
-            f"the API, {served_expected:.4f} in optimize's measurement of {variant} (same files, same decode)"
-        )
+    for kind in ("oip_bytes", "png"):
+        if originals and served_expected is not None:
+            if abs(originals[f"{kind}_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12:
+                raise StageError(
+                    f"smoke test failed: the original test files ({kind}, whole) score "
+                    f"{originals[f'{kind}_accuracy']:.4f} through the API, {served_expected:.4f} in optimize's "
+                    f"measurement of {variant} (same files, same decode)"
+                )
+        if differing.get(kind) and not config.accuracy_tolerance:
+            raise StageError(
+                f"smoke test failed: through the API ({kind}) {len(differing[kind])} original test files get another "
+                f"class than optimize recorded for {variant} (first: index {differing[kind][0]})"
+            )
     if result.png_agree != result.png_checked:
         raise StageError(
             f"smoke test failed: /v1/predict (PNG) and OIP (tensor) disagree on "

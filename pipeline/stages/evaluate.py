@@ -173,7 +173,7 @@ def run(params: Params) -> None:
         mlrun.set_tags({"torch": torch.__version__})
         preds = predict(model, test.images, cfg.batch_size)
         labels = test.labels.numpy()
-        originals = served_test_inputs(manifest.image_size, PREPARED_DIR)
+        originals = served_test_inputs(PREPARED_DIR)
         served = None if originals is None else served_predictions(model, originals[0], cfg.batch_size)
         metrics = headline_metrics(labels, preds, served, classes, cfg.worst_classes)
         write_reports(labels, preds if served is None else served, metrics, classes)

@@ -1,7 +1,9 @@
 """The prepare stage: GTSRB images -> compact uint8 arrays for train / val / test plus a manifest.
 
-    data.root (or $GTSRB_ROOT) --torchvision GTSRB + official CSVs--> crop ROI (+margin), resize
-        --> split train/val by track, stratified by class
+    data.root (or $GTSRB_ROOT) --torchvision GTSRB + official CSVs--> split train/val by track, stratified by class
+        --> the served framing (data.crop: auto = derived from the training split's sign boxes)
+        --> train, val: each file as the server frames it (data.framing: served), or the sign's box + margin (roi)
+        --> test: the sign's box + margin (the ROI protocol), and its original files kept for the served figure
         --> data/prepared/{train,val,test}.npz, data/prepared/manifest.json (artifacts.prepared)
         --> reports/prepare/metrics.json, reports/prepare/class_distribution.csv
 
@@ -34,7 +36,7 @@ from pipeline.config import DataConfig, Params
 from pipeline.console import log, progress
 from pipeline.data.gtsrb import CLASS_NAMES, NUM_CLASSES, SignFile, list_split
 from pipeline.errors import StageError
-from pipeline.preprocess import BadImage, open_image, to_array
+from pipeline.preprocess import NO_CROP, BadImage, Crop, Framing, open_image
 from pipeline.tracking import stage_run
 
 REPORT_DIR = REPORTS_DIR / "prepare"
@@ -60,26 +62,50 @@ def split_by_track(files: Sequence[SignFile], val_fraction: float, seed: int) ->
     return train_idx, val_idx
 
 
-def _load_one(file: SignFile, config: DataConfig) -> np.ndarray | str:
+def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
+    """`data.crop`: for `auto`, the mean background fraction at each side of the training files' sign boxes,
+    less roi_margin x the box's mean size, so the average served image frames the sign as `roi` would: in
+    GTSRB the sign is off-centre (more background at the left and top) and about a fifth of each side is
+    background, pixels the 32 px model cannot spare. `none` (or no boxes) keeps the whole image."""
+    sized = [(f.box, f.size) for f in files if f.box is not None and f.size is not None]
+    if config.crop == "none" or not sized:
+        return NO_CROP
+    boxes = np.array([box for box, _ in sized], dtype=np.float64)  # x1, y1, x2, y2 (inclusive)
+    sizes = np.array([size for _, size in sized], dtype=np.float64)  # width, height
+    w, h = sizes[:, 0], sizes[:, 1]
+    box_w, box_h = (boxes[:, 2] - boxes[:, 0] + 1) / w, (boxes[:, 3] - boxes[:, 1] + 1) / h
+    margin = config.roi_margin
+    sides = (
+        boxes[:, 0] / w - margin * box_w,
+        boxes[:, 1] / h - margin * box_h,
+        (w - 1 - boxes[:, 2]) / w - margin * box_w,
+        (h - 1 - boxes[:, 3]) / h - margin * box_h,
+    )
+    left, top, right, bottom = (round(max(0.0, float(side.mean())), 4) for side in sides)
+    return (left, top, right, bottom)
+
+
+def _load_one(file: SignFile, framing: Framing, use_box: bool) -> np.ndarray | str:
     """The image as an array, or the reason it could not be read."""
     try:
-        return to_array(open_image(str(file.path)), config.image_size, file.box, config.roi_margin)
+        return framing.array(open_image(str(file.path)), file.box if use_box else None)
     except BadImage as exc:
         return str(exc)
 
 
 def load_arrays(
-    files: Sequence[SignFile], config: DataConfig, description: str
+    files: Sequence[SignFile], framing: Framing, use_box: bool, description: str
 ) -> tuple[SplitArrays, list[tuple[str, str]], list[Path]]:
-    """Decode, crop and resize every file; returns the arrays, (file name, reason) of the bad ones and the
-    paths of the good ones (in the arrays' order)."""
-    size = config.image_size
+    """Decode, frame and resize every file (by its box + margin when `use_box` and it has one, else as the
+    server frames a file); returns the arrays, (file name, reason) of the bad ones and the paths of the good
+    ones (in the arrays' order)."""
+    size = framing.size
     images = np.empty((len(files), size, size, 3), dtype=np.uint8)
     keep = np.zeros(len(files), dtype=bool)
     bad: list[tuple[str, str]] = []
     # PIL releases the GIL while decoding and resizing, so threads use both cores.
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        results = pool.map(lambda f: _load_one(f, config), files)
+        results = pool.map(lambda f: _load_one(f, framing, use_box), files)
         for i, result in enumerate(progress(results, len(files), description)):
             if isinstance(result, str):
                 bad.append((f"{files[i].path.parent.name}/{files[i].path.name}", result))
@@ -97,6 +123,7 @@ def build_manifest(
     bad: list[tuple[str, str]],
     total: int,
     config: DataConfig,
+    crop: Crop = NO_CROP,
     test_originals: Sequence[Path] = (),
 ) -> PreparedManifest:
     train = arrays["train"].images.reshape(-1, 3).astype(np.float64) / 255.0
@@ -121,6 +148,8 @@ def build_manifest(
         bad_images=BadImages(count=len(bad), of=total, files=[name for name, _ in bad]),
         content_sha256=content_sha256(arrays),
         test_files=[f"{prepared.TEST_FILES}/{path.name}" for path in test_originals],
+        framing=config.framing,
+        crop=crop,
     )
 
 
@@ -149,16 +178,20 @@ def run(params: Params) -> None:
         train_files = list_split(root, "train", config.download)
         test_files = list_split(root, "test", config.download)
         train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed)
+        crop = served_crop([train_files[i] for i in train_idx], config)
+        framing = Framing(config.image_size, config.roi_margin, crop)
+        log(f"prepare: served framing: whole image less {crop} (left, top, right, bottom); train/val: {config.framing}")
 
         arrays: dict[str, SplitArrays] = {}
         bad: list[tuple[str, str]] = []
         kept: dict[str, list[Path]] = {}
-        for split, files in (
-            ("train", [train_files[i] for i in train_idx]),
-            ("val", [train_files[i] for i in val_idx]),
-            ("test", test_files),
+        roi_train = config.framing == "roi"
+        for split, files, use_box in (
+            ("train", [train_files[i] for i in train_idx], roi_train),
+            ("val", [train_files[i] for i in val_idx], roi_train),
+            ("test", test_files, True),
         ):
-            arrays[split], split_bad, kept[split] = load_arrays(files, config, f"prepare {split}")
+            arrays[split], split_bad, kept[split] = load_arrays(files, framing, use_box, f"prepare {split}")
             bad += split_bad
 
         total = len(train_files) + len(test_files)
@@ -175,7 +208,7 @@ def run(params: Params) -> None:
                 raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
 
         # The test split's original files go along: evaluate measures what the server is sent (whole images).
-        manifest = build_manifest(arrays, bad, total, config, kept["test"])
+        manifest = build_manifest(arrays, bad, total, config, crop, kept["test"])
         prepared.write(arrays, manifest, PREPARED_DIR, kept["test"])
         metrics = write_reports(manifest, bad, REPORT_DIR)
         tracker.log_metrics(metrics)

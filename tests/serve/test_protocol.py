@@ -11,6 +11,7 @@ import pytest
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from pipeline.preprocess import Framing
 from pipeline.serve.protocol import BadRequest, decode_images, multipart_files, peek_images, pixel_count
 
 
@@ -79,8 +80,8 @@ def test_decoding_checks_headers_first_and_counts_pixels(tiny_png: bytes) -> Non
     with pytest.raises(BadRequest, match="image 1: cannot decode"):
         peek_images([(tiny_png, None), (b"not an image", None)], max_pixels=10_000)
     with pytest.raises(BadRequest, match="image 0: cannot decode"):
-        decode_images([(tiny_png[:-40], None)], 8, 0.1, 10_000)  # truncated: fails when decoded
-    assert decode_images([(tiny_png, None)], 8, 0.1, 10_000).shape == (1, 3, 8, 8)
+        decode_images([(tiny_png[:-40], None)], Framing(8), 10_000)  # truncated: fails when decoded
+    assert decode_images([(tiny_png, None)], Framing(8), 10_000).shape == (1, 3, 8, 8)
 
 
 @pytest.fixture

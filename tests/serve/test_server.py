@@ -82,6 +82,42 @@ def test_tritonclient_fp32_and_bytes_inputs(server: Server) -> None:
     assert result.as_numpy("class_id").tolist() == server.direct_probabilities(batch[:3]).argmax(axis=1).tolist()
 
 
+def test_original_files_through_the_api_give_optimizes_served_answers_file_for_file(
+    server: Server, tiny_project: Path
+) -> None:
+    """What users send (the original test files, whole, byte for byte) through tritonclient (OIP v2 BYTES) and
+    through /v1/predict must give, per file, the class optimize recorded as the variant's served prediction:
+    the figure evaluate and optimize report is the one the API delivers. Fails if the server frames a file
+    differently (another crop or resize) from what the stages measured."""
+    import tritonclient.http as triton
+
+    from pipeline.artifacts.prepared import read_manifest as read_prepared
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.runtimes import read_manifest
+
+    prepared = tiny_project / "data" / "prepared"
+    originals = read_test_files(prepared)
+    variant = read_manifest(server.models_dir).variant("fp32-onnx")
+    assert variant.served_predicted is not None and len(variant.served_predicted) == len(originals)
+    assert read_prepared(prepared).crop != (0.0, 0.0, 0.0, 0.0)  # the served framing is exercised, not trivial
+
+    client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+    files = np.array([f.read_bytes() for f in originals], dtype=np.object_)
+    encoded = triton.InferInput("images", [len(files)], "BYTES")
+    encoded.set_data_from_numpy(files)
+    result = client.infer("gtsrb", [encoded], outputs=[triton.InferRequestedOutput("class_id")])
+    assert result.as_numpy("class_id").tolist() == variant.served_predicted
+
+    answers = []
+    for f in originals:  # as curl -F files=@NAME.ppm sends them
+        response = httpx.post(f"{server.url}/v1/predict", files=[("files", (f.path.name, f.read_bytes()))])
+        assert response.status_code == 200
+        answers.append(response.json()["predictions"][0]["top_k"][0]["class_id"])
+    assert answers == variant.served_predicted
+    labels = [f.label for f in originals]
+    assert variant.served_accuracy == sum(a == b for a, b in zip(answers, labels, strict=True)) / len(labels)
+
+
 def test_v1_predict_multipart_and_json(server: Server) -> None:
     images = server.test_images[:2]
     files = [("files", (f"{i}.png", png(image), "image/png")) for i, image in enumerate(images)]

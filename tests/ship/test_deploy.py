@@ -132,9 +132,12 @@ def test_deploy_stage_local(built_image: Image) -> None:
     report = json.loads((built_image.project / "reports" / "deploy" / "smoke.json").read_text())
     assert report["accuracy"] == report["evaluate_accuracy"] and report["agreement_with_evaluate"] == 1.0
     assert report["png_agree_with_tensor"] == report["png_checked"] > 0
-    # The original test files, whole, through /v1/predict as PNG: exactly optimize's served measurement.
+    # The original test files, whole, byte for byte as OIP v2 BYTES and as PNG through /v1/predict: exactly
+    # optimize's served measurement, file for file.
     originals = report["original_files"]
-    assert originals["images"] == 86 and originals["png_accuracy"] == report["expected_served_accuracy"]
+    assert originals["images"] == 86
+    assert originals["png_accuracy"] == originals["oip_bytes_accuracy"] == report["expected_served_accuracy"]
+    assert report["per_image_mismatches"] == {"oip_bytes": [], "png": []}
     assert 0.0 <= originals["jpeg_accuracy"] <= 1.0
     assert report["stop_seconds"] < 5 and report["exit_code"] == 0
     assert docker("ps", "-aq", "-f", f"name=^{report['container']}$").stdout.strip() == ""

@@ -438,7 +438,7 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
 
     manifest = read_manifest(tiny_project / "models")
     originals = read_test_files(tiny_project / "data" / "prepared")
-    images = decode_images([(f.read_bytes(), None) for f in originals], manifest.image_size, 0.0, MAX_PIXELS)
+    images = decode_images([(f.read_bytes(), None) for f in originals], manifest.preprocess.framing(), MAX_PIXELS)
     labels = np.asarray([f.label for f in originals])
     for variant in manifest.accepted():
         assert variant.served_accuracy is not None, variant.name
