@@ -15,8 +15,6 @@ from pipeline.artifacts._files import read_model, write_model
 
 SERVING_FILE = "serving.json"
 SERVING_PATH = MODELS_DIR / SERVING_FILE
-# What is served when the benchmark has not chosen: the fp32 ONNX export (runs wherever the server does).
-FALLBACK_VARIANT = "fp32-onnx"
 
 
 class ServingChoice(BaseModel):
@@ -33,6 +31,15 @@ class ServingChoice(BaseModel):
 
 def write(choice: ServingChoice, models_dir: Path = MODELS_DIR) -> Path:
     return write_model(Path(models_dir) / SERVING_FILE, choice)
+
+
+def missing_choice(models_dir: Path, setting: str) -> str:
+    """The error when `auto` finds no choice: what happened and the two ways out."""
+    return (
+        f"{Path(models_dir) / SERVING_FILE} is missing: the benchmark stage has not chosen what to serve (or its "
+        f"run was interrupted). Run `pipeline benchmark` (or `dvc repro`), or set {setting} to a variant of "
+        f"{Path(models_dir) / 'manifest.json'} (e.g. fp32-onnx) to choose one yourself"
+    )
 
 
 def read(models_dir: Path = MODELS_DIR) -> ServingChoice | None:

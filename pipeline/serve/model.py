@@ -36,12 +36,13 @@ class ServedModel:
 
 
 def choose_variant(models_dir: Path, config: ServeConfig) -> tuple[str, str]:
-    """serve.variant/backend, or for `auto` the benchmark stage's choice, else the fp32 ONNX model."""
+    """serve.variant/backend, or for `auto` the benchmark stage's choice; without one, a StageError rather
+    than a guess (an interrupted benchmark must not make the server serve another variant silently)."""
     if config.variant != "auto":
         return config.variant, config.backend
     choice = serving_file.read(models_dir)
     if choice is None:
-        return serving_file.FALLBACK_VARIANT, config.backend
+        raise StageError(serving_file.missing_choice(models_dir, "serve.variant"))
     return choice.variant, choice.backend or config.backend
 
 

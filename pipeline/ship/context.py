@@ -158,7 +158,7 @@ class ModelChoice:
 
 
 def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
-    """The ONNX variant to ship: `wanted`, or for `auto` the benchmark's choice when it is ONNX, else fp32-onnx."""
+    """The ONNX variant to ship: `wanted`, or for `auto` the benchmark's choice (a StageError when there is none)."""
     from pipeline.artifacts.variants import read_manifest
 
     if not (models_dir / "manifest.json").is_file():
@@ -172,11 +172,10 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     if wanted == "auto":
         from pipeline.artifacts import serving as serving_file
 
-        try:
-            choice = serving_file.read(models_dir)
-        except StageError:
-            choice = None  # an unreadable choice: ship the default rather than fail the build
-        variant = choice.variant if choice and choice.variant in ONNX_VARIANTS else serving_file.FALLBACK_VARIANT
+        choice = serving_file.read(models_dir)
+        if choice is None:  # never guess: an interrupted benchmark must not ship another variant silently
+            raise StageError(serving_file.missing_choice(models_dir, "containerize.variant"))
+        variant = choice.variant
     if variant not in ONNX_VARIANTS:
         raise StageError(
             f"containerize.variant {variant!r}: the server image runs ONNX Runtime only; use one of "

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
 
@@ -80,6 +82,17 @@ def partial_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(PARTIAL_SUFFIX))
 
 
+class _FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    size: int
+    sha256: str
+
+
+class _Marker(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    files: dict[str, _FileEntry]
+
+
 def verify(folder: Path) -> dict[str, Any]:
     """Check every file against the marker; return the trainer state. StageError names what is wrong."""
     marker = folder / MARKER
@@ -87,20 +100,21 @@ def verify(folder: Path) -> dict[str, Any]:
     if not marker.exists():
         raise StageError(f"checkpoint {folder} is incomplete: {MARKER} is missing ({hint})")
     try:
-        files = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError, TypeError):
-        raise StageError(f"checkpoint {folder} is corrupt: {MARKER} cannot be read ({hint})") from None
+        files = _Marker.model_validate_json(marker.read_bytes()).files
+    except (ValidationError, OSError):
+        raise StageError(f"checkpoint {folder} is corrupt: {MARKER} is not a checkpoint marker ({hint})") from None
     for name, info in files.items():
         path = folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise StageError(f"checkpoint {folder} is corrupt: {MARKER} names a file outside it ({name}) ({hint})")
         if not path.is_file():
             raise StageError(f"checkpoint {folder} is corrupt: {name} is missing ({hint})")
         size = path.stat().st_size
-        if size != info["size"]:
+        if size != info.size:
             raise StageError(
-                f"checkpoint {folder} is corrupt: {name} has {size} bytes, expected {info['size']} "
-                f"(truncated?) ({hint})"
+                f"checkpoint {folder} is corrupt: {name} has {size} bytes, expected {info.size} (truncated?) ({hint})"
             )
-        if sha256_of(path) != info["sha256"]:
+        if sha256_of(path) != info.sha256:
             raise StageError(f"checkpoint {folder} is corrupt: {name} fails its SHA-256 check ({hint})")
     if TRAINER_STATE not in files:
         raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is missing ({hint})")
@@ -168,11 +182,66 @@ def load(folder: Path, model: Any, optim: Any) -> None:
 
     model_sd, optim_sd = get_state_dict(model, optim)
     try:
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))  # loads in place
+        # loads in place; the reader never unpickles anything but DCP's own metadata classes
+        dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=_safe_reader(folder))
     except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
+        if isinstance(exc, CheckpointException) and exc.failures:
+            exc = next(iter(exc.failures.values()))[0]  # the rank's own error, not DCP's wrapper
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise StageError(f"checkpoint {folder} cannot be loaded ({type(exc).__name__}: {first})") from None
     set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+# What DCP's `.metadata` pickle may hold: its own dataclasses, torch's dtype/size/layout/memory-format
+# values and plain containers. Anything else (a crafted, re-sealed checkpoint) is refused, not executed:
+# the marker's checksums prove a folder is whole, not that whoever sealed it is trusted.
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner")
+_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch", "dtype"),
+    ("torch", "layout"),
+    ("torch", "memory_format"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("torch.serialization", "_get_layout"),  # layout by name; torch's weights_only loader allows it too
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+def _safe_reader(folder: Path) -> Any:
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(
+                getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+            ):
+                return getattr(torch, name)
+            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            with (folder / ".metadata").open("rb") as fh:
+                metadata = Unpickler(fh).load()
+            if not isinstance(metadata, Metadata):
+                raise pickle.UnpicklingError(f"checkpoint metadata is a {type(metadata).__name__}, not DCP Metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(folder))
 
 
 def full_state_dict(model: Any) -> dict[str, Any]:

@@ -77,11 +77,47 @@ def test_decoding_checks_headers_first_and_counts_pixels(tiny_png: bytes) -> Non
     assert pixel_count(opened) == 2 * 40 * 30
     with pytest.raises(BadRequest, match="image 0: image is 40x30, larger than 100 pixels"):
         peek_images([(tiny_png, None)], max_pixels=100)  # from the header, before any decoding
-    with pytest.raises(BadRequest, match="image 1: cannot decode"):
+    with pytest.raises(BadRequest, match="image 1: not an image in an accepted format"):
         peek_images([(tiny_png, None), (b"not an image", None)], max_pixels=10_000)
     with pytest.raises(BadRequest, match="image 0: cannot decode"):
         decode_images([(tiny_png[:-40], None)], Framing(8), 10_000)  # truncated: fails when decoded
     assert decode_images([(tiny_png, None)], Framing(8), 10_000).shape == (1, 3, 8, 8)
+
+
+def test_only_the_accepted_decoders_run(tiny_png: bytes) -> None:
+    """A format PIL can read but the server does not accept (TGA here) is refused from its header."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.open(io.BytesIO(tiny_png)).save(buffer, format="TGA")
+    with pytest.raises(BadRequest, match="image 0: not an image in an accepted format"):
+        peek_images([(buffer.getvalue(), None)], max_pixels=10_000)
+    for kind in ("JPEG", "PPM", "BMP", "WEBP", "GIF"):
+        buffer = io.BytesIO()
+        Image.open(io.BytesIO(tiny_png)).save(buffer, format=kind)
+        assert decode_images([(buffer.getvalue(), None)], Framing(8), 10_000).shape == (1, 3, 8, 8), kind
+
+
+def test_a_box_partly_outside_the_image_uses_the_part_inside_and_one_outside_is_refused(tiny_png: bytes) -> None:
+    inside = decode_images([(tiny_png, (10, 5, 39, 29))], Framing(8, roi_margin=0.0), 10_000)
+    running_past = decode_images([(tiny_png, (10, 5, 500, 10**400))], Framing(8, roi_margin=0.0), 10_000)
+    np.testing.assert_array_equal(inside, running_past)
+    with pytest.raises(BadRequest, match="starts outside"):
+        decode_images([(tiny_png, (40, 0, 45, 5))], Framing(8), 10_000)
+
+
+def test_the_served_crop_cuts_the_given_fractions_before_resizing() -> None:
+    from PIL import Image
+
+    pixels = np.zeros((100, 100, 3), dtype=np.uint8)
+    pixels[10:95, 20:98] = 255  # the region a crop of (0.2, 0.1, 0.02, 0.05) keeps
+    cropped = Framing(8, crop=(0.2, 0.1, 0.02, 0.05)).array(Image.fromarray(pixels))
+    assert cropped[1:-1, 1:-1].min() == 255 and cropped.min() > 190  # edges: the filter's support reaches past
+    assert Framing(8).array(Image.fromarray(pixels)).min() == 0  # uncropped: the black border shows
+    with pytest.raises(ValueError, match="leave at least"):
+        Framing(8, crop=(0.5, 0.0, 0.45, 0.0))
 
 
 @pytest.fixture

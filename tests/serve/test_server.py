@@ -289,3 +289,24 @@ def test_openapi_fuzzing_finds_no_server_error(server: Server, tmp_path: Path) -
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert json.dumps("not_a_server_error") and report.is_file()
+
+
+def test_without_the_benchmarks_choice_auto_refuses_to_guess(models_dir: Path, tmp_path: Path) -> None:
+    """An interrupted benchmark leaves no models/serving.json: `auto` then names the problem instead of serving
+    (or shipping) some other variant; an explicit variant still works."""
+    import shutil
+
+    from pipeline.config import ServeConfig
+    from pipeline.errors import StageError
+    from pipeline.serve.model import load_served_model
+    from pipeline.ship.context import choose_model
+
+    models = tmp_path / "models"
+    shutil.copytree(models_dir, models)
+    (models / "serving.json").unlink(missing_ok=True)
+    with pytest.raises(StageError, match=r"serving.json is missing: the benchmark stage has not chosen"):
+        load_served_model(models, ServeConfig())
+    with pytest.raises(StageError, match=r"set containerize.variant"):
+        choose_model(models, "auto")
+    assert load_served_model(models, ServeConfig(variant="fp32-onnx")).variant == "fp32-onnx"
+    assert choose_model(models, "fp32-onnx").variant == "fp32-onnx"

@@ -121,6 +121,46 @@ def test_a_corrupt_checkpoint_is_named_and_never_used(project: Path) -> None:
         train.run(params)
 
 
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_tampered_and_resealed_checkpoint_never_runs_code(project: Path, tmp_path: Path) -> None:
+    """Checksums prove a folder is whole, not that its sealer is trusted: a hostile `.metadata` pickle, sealed
+    anew so every checksum matches, is refused by the metadata loader, and the marker file never appears."""
+    import pickle
+
+    from pipeline.training import checkpoint as ckpt
+
+    params = train_params(epochs=1)
+    train.run(params)
+    latest = project / "models/checkpoints/step_00000008"
+    marker = tmp_path / "code-ran"
+    (latest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    state = json.loads((latest / "trainer.json").read_text())
+    partial = latest.with_name(latest.name + ".partial")
+    latest.rename(partial)
+    (partial / ckpt.MARKER).unlink()
+    ckpt.seal(partial, state)  # re-sealed: the checksums now match the tampered file
+    with pytest.raises(StageError, match=r"cannot be loaded .*not allowed"):
+        train.run(params)  # resumes from it
+    assert not marker.exists()
+
+
+def test_a_marker_with_the_wrong_shape_is_a_clear_error(project: Path) -> None:
+    params = train_params(epochs=1)
+    train.run(params)
+    latest = project / "models/checkpoints/step_00000008"
+    for bad in ('{"files": {"trainer.json": {"bytes": 1}}}', '{"files": []}', "[]", '{"files": {"../x": 1}}'):
+        (latest / "COMPLETE.json").write_text(bad)
+        with pytest.raises(StageError, match=r"step_00000008 is corrupt: COMPLETE.json is not a checkpoint marker"):
+            train.run(params)
+
+
 def test_interrupted_save_is_ignored_and_other_params_start_over(project: Path) -> None:
     params = train_params(epochs=1)
     train.run(params)
