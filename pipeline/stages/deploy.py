@@ -210,13 +210,16 @@ def run(params: Params) -> None:
             f"({expected_source}) by more than deploy.accuracy_tolerance {config.accuracy_tolerance}"
         )
     for kind in ("oip_bytes", "png"):
-        if originals and served_expected is not None:
-            if abs(originals[f"{kind}_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12:
-                raise StageError(
-                    f"smoke test failed: the original test files ({kind}, whole) score "
-                    f"{originals[f'{kind}_accuracy']:.4f} through the API, {served_expected:.4f} in optimize's "
-                    f"measurement of {variant} (same files, same decode)"
-                )
+        if (
+            originals
+            and served_expected is not None
+            and abs(originals[f"{kind}_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12
+        ):
+            raise StageError(
+                f"smoke test failed: the original test files ({kind}, whole) score "
+                f"{originals[f'{kind}_accuracy']:.4f} through the API, {served_expected:.4f} in optimize's "
+                f"measurement of {variant} (same files, same decode)"
+            )
         if differing.get(kind) and not config.accuracy_tolerance:
             raise StageError(
                 f"smoke test failed: through the API ({kind}) {len(differing[kind])} original test files get another "
