@@ -215,7 +215,9 @@ class ServeConfig(Section):
     request's decoding time; memory is bounded by one image (each is freed before the next is decoded)."""
     top_k: int = Field(5, ge=1, le=43)
     drain_timeout_s: float = Field(10.0, ge=0.0)
-    """On SIGTERM/SIGINT: how long in-flight requests may take to finish."""
+    """On SIGTERM/SIGINT: how long in-flight requests may take to finish (at least 1 s)."""
+    max_connections: int = Field(1024, ge=8, le=1_000_000)
+    """Open connections plus requests in flight; beyond it new requests get 503 at once."""
 
     @model_validator(mode="after")
     def _limits_fit_together(self) -> ServeConfig:

@@ -12,6 +12,7 @@ pydantic only: the server image and `pipeline monitor` read it without torch.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 import zipfile
@@ -114,6 +115,8 @@ def write(
     if len(originals) != len(manifest.test_files) or (originals and len(originals) != len(arrays["test"])):
         raise ValueError("one original file per test image, named in the manifest's test_files")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}-*"):  # left by a killed run (DVC runs one at a time)
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the outputs are ordinary files
     try:
@@ -133,15 +136,25 @@ def write(
 
 
 def _replace_dir(new: Path, target: Path) -> None:
-    """Swap `new` into `target` so readers never see a half-written folder."""
+    """Swap `new` into `target` so readers never see a half-written folder. A kill between the two renames
+    leaves `target.old` and no `target`: the next call (or a reader's error) starts from there, nothing mixes."""
     old = target.with_name(target.name + ".old")
     if old.exists():
         shutil.rmtree(old)
     if target.exists():
         target.rename(old)
     new.rename(target)
+    _fsync_dir(target.parent)
     if old.exists():
         shutil.rmtree(old)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_manifest(prepared: Path = PREPARED_DIR) -> PreparedManifest:

@@ -136,18 +136,32 @@ def write_manifest(models_dir: Path, manifest: ModelManifest) -> Path:
 
 def publish(staging: Path, manifest: ModelManifest, models_dir: Path = MODELS_DIR) -> ModelManifest:
     """Move the accepted variants' files from `staging` into models/variants/ and write the manifest naming
-    them (paths relative to `models_dir`); returns that manifest. `staging` is removed."""
-    variants_dir = Path(models_dir) / VARIANTS_FOLDER
-    shutil.rmtree(variants_dir, ignore_errors=True)
-    variants_dir.mkdir(parents=True)
+    them (paths relative to `models_dir`); returns that manifest. `staging` is removed.
+
+    Kill-safe: the old manifest goes first, then the new folder is swapped in whole, and the new manifest is
+    written (atomically) last. A kill at any point leaves either the old pair, the new pair, or no manifest
+    (readers then say "run optimize"), never a manifest naming files it did not describe; and every file is
+    checked against the manifest's SHA-256 when opened (pipeline.runtimes)."""
+    models_dir = Path(models_dir)
+    variants_dir = models_dir / VARIANTS_FOLDER
+    fresh = models_dir / f".{VARIANTS_FOLDER}.new"
+    retired = models_dir / f".{VARIANTS_FOLDER}.old"
+    for leftover in (fresh, retired):
+        shutil.rmtree(leftover, ignore_errors=True)
+    fresh.mkdir(parents=True)
     shipped = []
     for v in manifest.variants:
         if v.accepted:
-            (Path(staging) / v.file).replace(variants_dir / v.file)
+            (Path(staging) / v.file).replace(fresh / v.file)
             shipped.append(v.model_copy(update={"file": f"{VARIANTS_FOLDER}/{v.file}"}))
         else:
             shipped.append(v)
-    shutil.rmtree(staging, ignore_errors=True)
+    (models_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    if variants_dir.exists():
+        variants_dir.rename(retired)
+    fresh.rename(variants_dir)
     published = manifest.model_copy(update={"variants": shipped})
     write_manifest(models_dir, published)
+    shutil.rmtree(retired, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
     return published

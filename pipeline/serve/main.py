@@ -3,6 +3,8 @@ DVC stage; the container image runs it)."""
 
 from __future__ import annotations
 
+import math
+
 from pipeline.artifacts import MODELS_DIR
 from pipeline.config import Params
 from pipeline.console import log
@@ -30,7 +32,10 @@ def run(params: Params) -> None:
         app,
         host=config.host,
         port=config.port,
-        timeout_graceful_shutdown=int(config.drain_timeout_s) or None,
+        # uvicorn takes whole seconds, and reads 0 as "wait forever": round a sub-second drain up.
+        timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
+        # Connections and requests in flight beyond this get 503 at once instead of piling up in memory.
+        limit_concurrency=config.max_connections,
         access_log=False,
         log_level="info",
     )
