@@ -3,6 +3,8 @@ a missing, foreign or corrupt file (never a traceback, never code run from the f
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import pickle
 from pathlib import Path
@@ -143,6 +145,57 @@ def test_variants_publish_moves_only_accepted_files(tmp_path: Path) -> None:
     assert published.variant("fp32-onnx").file == "variants/fp32-onnx.onnx"
     with pytest.raises(StageError, match=r"'int8-onnx' was rejected"):
         published.variant("int8-onnx")
+
+
+@pytest.mark.parametrize("fail_at", range(1, 11))
+def test_variants_publish_killed_at_any_step_never_leaves_a_mismatched_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    """A kill during publish (simulated: the `fail_at`-th filesystem change raises) leaves the old manifest
+    with its own files, or no manifest; never a manifest next to another run's files."""
+    import os
+    import shutil
+
+    models = tmp_path / "models"
+
+    def publish(content: bytes) -> None:
+        staging = models / "variants.staging"
+        staging.mkdir(parents=True)
+        (staging / "fp32-onnx.onnx").write_bytes(content)
+        variant = _variant("fp32-onnx", True).model_copy(update={"sha256": hashlib.sha256(content).hexdigest()})
+        variants_file.publish(staging, _manifest([variant]), models)
+
+    publish(b"old")
+    calls = {"n": 0}
+
+    def failing(real):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise KeyboardInterrupt("killed")
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Path, "rename", failing(Path.rename))
+    monkeypatch.setattr(Path, "replace", failing(Path.replace))
+    monkeypatch.setattr(Path, "unlink", failing(Path.unlink))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    monkeypatch.setattr(shutil, "rmtree", failing(shutil.rmtree))
+    try:
+        publish(b"new")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    if (models / "manifest.json").exists():
+        manifest = variants_file.read_manifest(models)
+        entry = manifest.variant("fp32-onnx")
+        assert hashlib.sha256((models / entry.file).read_bytes()).hexdigest() == entry.sha256
+    publish_again = models / "variants.staging"
+    shutil.rmtree(publish_again, ignore_errors=True)
+    publish(b"again")  # and the next run recovers from whatever was left
+    assert (models / "variants" / "fp32-onnx.onnx").read_bytes() == b"again"
+    assert sorted(p.name for p in models.iterdir()) == ["manifest.json", "variants"]
 
 
 def test_serving_choice_missing_valid_and_foreign(tmp_path: Path) -> None:
