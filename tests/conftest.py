@@ -42,13 +42,13 @@ def real_gtsrb_root() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
+    """A project folder after the real prepare -> train -> evaluate -> optimize stages on the tiny synthetic GTSRB:
     data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume."""
     import contextlib
 
     import yaml
 
-    from pipeline.stages import optimize, prepare, train
+    from pipeline.stages import evaluate, optimize, prepare, train
 
     base = tmp_path_factory.mktemp("tiny-project")
     raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
@@ -61,6 +61,7 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     params.setdefault("optimize", {}).update(
         {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 0.05}
     )
+    params["evaluate"]["min_accuracy"] = 0.0  # a tiny model: the gate is tested elsewhere
     params["tracking"] = {"enabled": False}
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     parsed = parse_params(params)
@@ -69,6 +70,7 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             prepare.run(parsed)
             train.run(parsed)
+            evaluate.run(parsed)
             optimize.run(parsed)
         finally:
             if old is not None:

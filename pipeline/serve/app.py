@@ -263,8 +263,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
 
     # ---- Open Inference Protocol v2 -------------------------------------------------------------------
     @app.get("/v2/health/live", tags=["v2"])
-    async def live() -> dict[str, bool]:
-        return {"live": True}
+    async def live() -> JSONResponse:
+        alive = batcher.alive or not state["ready"]  # before startup finishes the worker is not running yet
+        return JSONResponse({"live": alive}, status_code=200 if alive else 503)
 
     @app.get("/v2/health/ready", tags=["v2"])
     async def ready() -> JSONResponse:

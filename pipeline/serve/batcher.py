@@ -75,6 +75,7 @@ class DynamicBatcher:
         self._in_flight = 0
         self._draining = False
         self._worker: asyncio.Task[None] | None = None
+        self._running: list[_Job] = []  # the batch being computed (failed too if the worker dies)
         # One inference thread: the runtime parallelises inside a batch; two batches at once would only
         # fight over the same cores.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -86,6 +87,11 @@ class DynamicBatcher:
     def start(self) -> None:
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    @property
+    def alive(self) -> bool:
+        """False once the worker task has ended (crashed): liveness then fails and the orchestrator restarts us."""
+        return self._worker is not None and not self._worker.done()
 
     async def infer(self, images: np.ndarray) -> np.ndarray:
         """Model outputs for `images` [N, ...]; large requests are split into several batches."""
@@ -146,6 +152,19 @@ class DynamicBatcher:
         return jobs
 
     async def _run(self) -> None:
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug in the loop itself: fail the waiting requests, let liveness fail
+            stranded = [*self._running, *self._jobs]
+            self._jobs.clear()
+            for job in stranded:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError(f"the inference worker stopped: {type(exc).__name__}"))
+            raise
+
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             jobs = await self._collect()
@@ -155,6 +174,7 @@ class DynamicBatcher:
             self._stats.on_queue(self._queued_images)
             if not live:
                 continue
+            self._running = live
             batch = live[0].images if len(live) == 1 else np.concatenate([job.images for job in live])
             started = time.perf_counter()
             try:

@@ -149,3 +149,23 @@ def test_stats_hooks_see_batches_and_queue() -> None:
 
     asyncio.run(main())
     assert sum(seen) == 8 and max(depths) >= 1 and depths[-1] == 0
+
+
+def test_a_dead_worker_fails_liveness_and_waiting_requests() -> None:
+    """If the worker loop itself dies (here: a stats hook raises), `alive` turns false, so /v2/health/live fails
+    and the orchestrator restarts the server, and queued requests get an error instead of hanging."""
+
+    def broken_hook(n: int, s: float) -> None:
+        raise RuntimeError("hook bug")
+
+    async def main() -> tuple[bool, bool, list[object]]:
+        batcher = DynamicBatcher(Recorder(delay_s=0.05), 1, 0.0, 100, BatchStats(broken_hook, lambda depth: None))
+        batcher.start()
+        before = batcher.alive
+        results = await asyncio.gather(*(batcher.infer(x) for x in _batches(3)), return_exceptions=True)
+        await asyncio.sleep(0.05)
+        return before, batcher.alive, results
+
+    before, after, results = asyncio.run(asyncio.wait_for(main(), 10))
+    assert before and not after
+    assert all(isinstance(r, Exception) for r in results[1:])
