@@ -4,7 +4,6 @@ a missing, foreign or corrupt file (never a traceback, never code run from the f
 from __future__ import annotations
 
 import hashlib
-
 import json
 import pickle
 from pathlib import Path
