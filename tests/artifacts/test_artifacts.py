@@ -3,6 +3,7 @@ a missing, foreign or corrupt file (never a traceback, never code run from the f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pickle
@@ -181,10 +182,8 @@ def test_variants_publish_killed_at_any_step_never_leaves_a_mismatched_manifest(
     monkeypatch.setattr(Path, "unlink", failing(Path.unlink))
     monkeypatch.setattr(os, "replace", failing(os.replace))
     monkeypatch.setattr(shutil, "rmtree", failing(shutil.rmtree))
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         publish(b"new")
-    except KeyboardInterrupt:
-        pass
     monkeypatch.undo()
     if (models / "manifest.json").exists():
         manifest = variants_file.read_manifest(models)
