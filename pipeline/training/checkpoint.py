@@ -185,10 +185,11 @@ def load(folder: Path, model: Any, optim: Any) -> None:
         # loads in place; the reader never unpickles anything but DCP's own metadata classes
         dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=_safe_reader(folder))
     except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
+        cause: BaseException = exc
         if isinstance(exc, CheckpointException) and exc.failures:
-            exc = next(iter(exc.failures.values()))[0]  # the rank's own error, not DCP's wrapper
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise StageError(f"checkpoint {folder} cannot be loaded ({type(exc).__name__}: {first})") from None
+            cause = next(iter(exc.failures.values()))[0]  # the rank's own error, not DCP's wrapper
+        first = (str(cause).strip().splitlines() or [""])[0][:300]
+        raise StageError(f"checkpoint {folder} cannot be loaded ({type(cause).__name__}: {first})") from None
     set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
@@ -236,9 +237,9 @@ def _safe_reader(folder: Path) -> Any:
                 metadata = Unpickler(fh).load()
             if not isinstance(metadata, Metadata):
                 raise pickle.UnpicklingError(f"checkpoint metadata is a {type(metadata).__name__}, not DCP Metadata")
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+            storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+            storage_meta.load_id = self.load_id
+            metadata.storage_meta = storage_meta
             return metadata
 
     return Reader(str(folder))
