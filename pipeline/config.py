@@ -68,10 +68,9 @@ class ModelConfig(Section):
     """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     """signnet: dropout before the classifier."""
-    input_norm: Literal["dataset", "image", "local"] = "image"
+    input_norm: Literal["dataset", "image"] = "image"
     """signnet: `image` standardises each image by its own mean/std (contrast normalisation, robust to
-    dark photos); `local` adds a local contrast normalisation (9x9 neighbourhood: shadows and glare within a
-    sign); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
+    dark photos); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
     members: int = Field(2, ge=1, le=8)
     """Committee size: > 1 trains that many differently initialised copies side by side (same batches,
     each its own loss) and predicts with their mean probability. Costs members x the compute."""

@@ -21,26 +21,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 NUM_CLASSES = 43
 ARCHITECTURES = ("trafficsignnet", "signnet")
 
 
-INPUT_NORMS = ("dataset", "image", "local")
-LOCAL_WINDOW = 9  # pixels: the neighbourhood of `local` normalisation (LeCun & Sermanet's 9x9 at 32 px)
+INPUT_NORMS = ("dataset", "image")
 
 
 class Normalize(nn.Module):
     """`dataset`: (x - mean) / std per channel with the training split's statistics (buffers, so they
     travel with the state_dict). `image`: each image standardised by its own mean and std over all pixels
     and channels (a global contrast normalisation: GTSRB has many very dark or washed-out photos, and this
-    makes them look alike to the first layer, while keeping colour). `local`: the `image` normalisation, then
-    each pixel centred on its neighbourhood's mean brightness and divided by its local contrast (floored at
-    the image's mean local contrast, so flat areas are not amplified): the subtractive + divisive local
-    contrast normalisation of Sermanet & LeCun's GTSRB network, which evens out shadows and glare within a
-    sign as CLAHE does, while keeping colour."""
+    makes them look alike to the first layer, while keeping colour)."""
 
     mean: torch.Tensor
     std: torch.Tensor
@@ -54,22 +48,13 @@ class Normalize(nn.Module):
         self.register_buffer("std", torch.tensor(list(std), dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "dataset":
-            return (x - self.mean) / self.std
-        mean = x.mean(dim=(1, 2, 3), keepdim=True)
-        centred = x - mean
-        # The floor keeps flat images (std ~ 0) from being blown up into noise.
-        x = centred / torch.sqrt(centred.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-4)
         if self.mode == "image":
-            return x
-        k = LOCAL_WINDOW
-        local_mean = F.avg_pool2d(x.mean(dim=1, keepdim=True), k, stride=1, padding=k // 2, count_include_pad=False)
-        centred = x - local_mean
-        local_var = F.avg_pool2d(
-            centred.pow(2).mean(dim=1, keepdim=True), k, stride=1, padding=k // 2, count_include_pad=False
-        )
-        local_std = torch.sqrt(local_var + 1e-4)
-        return centred / torch.maximum(local_std, local_std.mean(dim=(2, 3), keepdim=True))
+            mean = x.mean(dim=(1, 2, 3), keepdim=True)
+            centred = x - mean
+            # The floor keeps flat images (std ~ 0) from being blown up into noise.
+            std = torch.sqrt(centred.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-4)
+            return centred / std
+        return (x - self.mean) / self.std
 
 
 class TrafficSignNet(nn.Module):

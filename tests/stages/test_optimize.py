@@ -353,7 +353,7 @@ def test_pt2e_int8_round_trip(machine: str, tmp_path: Path) -> None:
     with torch.no_grad():
         assert (loaded(x).argmax(1) == model(x).argmax(1)).float().mean() >= 0.75
     (tmp_path / "bad.pt2").write_bytes(b"nope")
-    with pytest.raises(StageError, match=r"bad.pt2: not a loadable torch.export archive"):
+    with pytest.raises(StageError, match=r"bad.pt2: not a readable torch.export archive"):
         load_exported(tmp_path / "bad.pt2")
 
 
