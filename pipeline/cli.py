@@ -2,7 +2,7 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve` and `pipeline image-context` pass their options to those tools.
+`pipeline bench train|roofline|serve|accuracy` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -187,6 +187,12 @@ def bench_roofline(ctx: typer.Context) -> None:
 def bench_serve(ctx: typer.Context) -> None:
     """Load-test the server (batching, no batching, the Arm learning-path reference) on loopback."""
     _tool("pipeline.bench.serve", ctx)
+
+
+@bench.command("accuracy", context_settings=PASS_THROUGH)
+def bench_accuracy(ctx: typer.Context) -> None:
+    """The trained model on a labelled folder of image files: served (whole files) vs ROI accuracy, 95 % CI."""
+    _tool("pipeline.bench.accuracy", ctx)
 
 
 @app.command("image-context", context_settings=PASS_THROUGH)
