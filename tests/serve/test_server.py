@@ -320,3 +320,167 @@ def test_without_the_benchmarks_choice_auto_refuses_to_guess(models_dir: Path, t
         choose_model(models, "auto")
     assert load_served_model(models, ServeConfig(variant="fp32-onnx")).variant == "fp32-onnx"
     assert choose_model(models, "fp32-onnx").variant == "fp32-onnx"
+
+
+def _malformed_corpus(good: bytes, size: int, max_body: int) -> list[tuple[str, str, dict[str, object]]]:
+    """(name, path, httpx request kwargs) of hostile or broken requests: images, multipart, JSON and OIP."""
+    b64 = base64.b64encode(good).decode()
+    cases: list[tuple[str, str, dict[str, object]]] = []
+    for cut in (0, 1, 8, 16, 33, 57, len(good) // 3, len(good) // 2, len(good) - 12, len(good) - 1):
+        cases.append((f"png cut at {cut}", "/v1/predict", {"files": {"files": ("x.png", good[:cut])}}))
+    for seed in range(10):
+        noise = np.random.default_rng(seed).integers(0, 256, 64 + 97 * seed, dtype=np.uint8).tobytes()
+        cases.append((f"noise {seed}", "/v1/predict", {"files": {"files": ("x.jpg", noise)}}))
+        flipped = bytearray(good)
+        flipped[40 + seed * 7] ^= 0xFF
+        cases.append((f"png flipped byte {seed}", "/v1/predict", {"files": {"files": ("x.png", bytes(flipped))}}))
+    for magic in (
+        b"GIF89a",
+        b"\xff\xd8\xff",
+        b"BM",
+        b"P6\n",
+        b"RIFF\x00\x00\x00\x00WEBP",
+        b"II*\x00",
+        b"8BPS",
+        b"%!PS",
+    ):
+        cases.append((f"magic {magic[:4]!r}", "/v1/predict", {"files": {"files": ("x.bin", magic + b"\x00" * 40)}}))
+    for w, h in ((65_535, 65_535), (1, 2**31 - 1), (2**31 - 1, 1), (0, 0)):
+        ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+        chunk = b"IHDR" + ihdr
+        bomb = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+        cases.append((f"png header {w}x{h}", "/v1/predict", {"files": {"files": ("x.png", bomb)}}))
+    ppm_lie = b"P6\n60000 60000\n255\n" + b"\x00" * 100
+    cases.append(("ppm header lie", "/v1/predict", {"files": {"files": ("x.ppm", ppm_lie)}}))
+    boxes = ([-1, 0, 5, 5], [0, 0, 10**6, 10**6], [10**400, 0, 10**401, 1], [5, 5, 4, 4], [1000, 1000, 1001, 1001],
+             [0, 0, 0], "abc", [0.5, 0, 1, 1], None)  # fmt: skip
+    for i, box in enumerate(boxes):
+        cases.append((f"box {i}", "/v1/predict", {"json": {"images": [{"data": b64, "box": box}]}}))
+    for i, body in enumerate((b"", b"null", b"[]", b'{"images": []}', b'{"images": [1]}', b'{"images": "x"}',
+                              b'{"images": [{"data": 5}]}', b'{"top_k": 0, "images": ["' + b64.encode() + b'"]}',
+                              b'{"top_k": 1e999, "images": []}', b"[" * 5000 + b"]" * 5000,
+                              b'{"a":' * 3000 + b"1" + b"}" * 3000, b"\xff\xfe\x00", b'{"images": ["' + b"A" * 1001 + b'"]}')):  # fmt: skip
+        cases.append(
+            (f"json body {i}", "/v1/predict", {"content": body, "headers": {"content-type": "application/json"}})
+        )
+    infer = "/v2/models/gtsrb/infer"
+    shapes = ([2**64], [2**63, 2**63], [1] * 40, [-1, 3, size, size], [0, 3, size, size], [1, 3, size],
+              [10**30, 3, size, size], ["a"], [1.5, 3, size, size], [1, 3, 2**40, 2**40], [])  # fmt: skip
+    for i, shape in enumerate(shapes):
+        cases.append(
+            (
+                f"fp32 shape {i}",
+                infer,
+                {"json": {"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": [0.0]}]}},
+            )
+        )
+    n = 3 * size * size
+    for i, data in enumerate(
+        ([float("nan")] * n, [1e39] * n, [10**400] * n, [[0.0]] * n, [True] * n, [None] * n, "x", {"a": 1})
+    ):
+        cases.append((f"fp32 data {i}", infer, {"content": json.dumps({"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": data}]}, allow_nan=True).encode(), "headers": {"content-type": "application/json"}}))  # fmt: skip
+    for i, (header, body) in enumerate((("-1", b"{}"), ("0", b"{}"), ("abc", b"{}"), (str(10**30), b"{}"), ("2", b"{}xx"),
+                                        ("1", b"{"), ("5", b'{"a":1}\x00\x00'))):  # fmt: skip
+        cases.append(
+            (f"binary header {i}", infer, {"content": body, "headers": {"Inference-Header-Content-Length": header}})
+        )
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": 10}}]}
+    ).encode()
+    for i, raw in enumerate(
+        (b"", b"\x05\x00\x00\x00abc", b"\xff\xff\xff\xff" + b"x" * 6, b"\x01\x00\x00\x00a" * 3, b"\x00" * 10)
+    ):
+        cases.append(
+            (
+                f"bytes elements {i}",
+                infer,
+                {"content": header + raw, "headers": {"Inference-Header-Content-Length": str(len(header))}},
+            )
+        )
+    for i, params in enumerate(
+        ({"binary_data_output": "false"}, {"binary_data_output": 1}, {"binary_data_output": None}, [])
+    ):
+        cases.append(
+            (
+                f"parameters {i}",
+                infer,
+                {
+                    "json": {
+                        "parameters": params,
+                        "inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [b64]}],
+                    }
+                },
+            )
+        )
+    for i, dtype in enumerate(("FP16", "UINT8", "", "fp32", 5, None)):
+        cases.append(
+            (
+                f"datatype {i}",
+                infer,
+                {"json": {"inputs": [{"name": "x", "shape": [1], "datatype": dtype, "data": [1]}]}},
+            )
+        )
+    cases.append(
+        ("oversized json", infer, {"content": b"[" * (max_body + 10), "headers": {"content-type": "application/json"}})
+    )
+    cases.append(("many tiny files", "/v1/predict", {"files": [("files", (f"{i}.png", b"x")) for i in range(300)]}))
+    cases.append(("unicode filename", "/v1/predict", {"files": {"files": ("\u202e\x00.png", good)}}))
+    cases.append(
+        ("multipart no boundary", "/v1/predict", {"content": good, "headers": {"content-type": "multipart/form-data"}})
+    )
+    cases.append(
+        (
+            "multipart bad boundary",
+            "/v1/predict",
+            {"content": good, "headers": {"content-type": "multipart/form-data; boundary=" + "x" * 5000}},
+        )
+    )
+    return cases
+
+
+def test_a_malformed_input_corpus_gets_4xx_never_5xx_or_a_reset(server: Server) -> None:
+    """More than 100 broken or hostile requests over one keep-alive connection pool: each answered with a 4xx
+    and a JSON error, or served when it is valid after all; never a 5xx, no connection dropped, the server
+    healthy and correct afterwards."""
+    good = png(server.test_images[0])
+    cases = _malformed_corpus(good, server.image_size, server.max_body)
+    assert len(cases) >= 100
+    failures: list[str] = []
+    refusals = 0
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for name, path, kwargs in cases:
+            try:
+                reply = client.post(path, **kwargs)  # type: ignore[arg-type]
+            except httpx.TransportError as exc:  # a reset or a dropped keep-alive connection
+                failures.append(f"{name}: {type(exc).__name__}")
+                continue
+            refused = 400 <= reply.status_code < 500 and "error" in reply.json()
+            # Some are odd but valid (a PNG missing its end marker, a box running past the edge): answered.
+            if not (refused or reply.status_code == 200):
+                failures.append(f"{name}: {reply.status_code} {reply.text[:120]}")
+            refusals += refused
+        assert client.get("/v2/health/live").status_code == 200
+        assert client.post("/v1/predict", files={"files": ("ok.png", good)}).status_code == 200
+    assert failures == [], "\n".join(f[:110] for f in failures)
+    assert refusals >= 100
+
+
+def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:
+    """Shape validation comes before any arithmetic: a body of huge dimensions is refused at once, and
+    health checks running meanwhile are answered within 100 ms."""
+    shape = ", ".join(["18446744073709551616"] * 20_000)  # 2**64, 20,000 times: ~400 KB of digits
+    body = ('{"inputs": [{"name": "x", "datatype": "FP32", "data": [0], "shape": [' + shape + "]}]}").encode()
+    slowest = 0.0
+    with httpx.Client(base_url=server.url, timeout=30) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        started = time.perf_counter()
+        pending = pool.submit(
+            client.post, "/v2/models/gtsrb/infer", content=body, headers={"content-type": "application/json"}
+        )
+        while not pending.done():
+            probe = time.perf_counter()
+            assert httpx.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+            slowest = max(slowest, time.perf_counter() - probe)
+        reply = pending.result()
+    assert reply.status_code in (400, 413), reply.text
+    assert time.perf_counter() - started < 5
+    assert slowest < 0.1, f"a health check waited {slowest * 1000:.0f} ms"
