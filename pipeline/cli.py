@@ -138,6 +138,29 @@ def monitor(
 
 
 @app.command()
+def predict(
+    paths: list[str] = typer.Argument(..., help="Image files, folders (searched recursively) or globs."),
+    params: Path = ParamsOption,
+    model: str | None = typer.Option(
+        None, "--model", help="Variant to use (default: serve.variant, i.e. the benchmark's choice)."
+    ),
+    url: str | None = typer.Option(None, "--url", help="Classify through a running server instead (its /v1/predict)."),
+    top_k: int = typer.Option(3, "--top-k", min=1, max=43, help="Classes per file."),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table."),
+) -> None:
+    """Classify image files with the served model (the server's own preprocessing), or through a server."""
+    loaded = _load(params)
+    from pipeline import predict as predictor
+
+    try:
+        code = predictor.run(loaded, paths, url, model, top_k, as_json)
+    except StageError as exc:
+        _fail(str(exc))
+    if code:
+        raise typer.Exit(code=code)
+
+
+@app.command()
 def serve(
     params: Path = ParamsOption,
     host: str | None = typer.Option(None, help="Override serve.host (e.g. 0.0.0.0 in a container)."),
