@@ -61,6 +61,28 @@ _NOT_TRAJECTORY = {
 }
 
 
+KEEP_OTHER_RUNS = 2  # checkpoint folders of other params/data kept beside the current run's (newest first)
+
+
+def run_checkpoints(params: Params, manifest: PreparedManifest) -> Path:
+    """This run's checkpoint folder: one per fingerprint, so changing a param (or the data) starts a new folder
+    and switching back resumes the old one; nothing is deleted on the way."""
+    return CHECKPOINTS_DIR / fingerprint(params, manifest)
+
+
+def retire_other_runs(current: Path, main: bool) -> None:
+    """Keep the KEEP_OTHER_RUNS most recent other runs' folders; remove older ones (and step folders of the
+    layout before fingerprint folders), saying so."""
+    if not main or not CHECKPOINTS_DIR.is_dir():
+        return
+    others = [p for p in CHECKPOINTS_DIR.iterdir() if p.is_dir() and p != current]
+    legacy = [p for p in others if p.name.startswith("step_")]
+    runs = sorted((p for p in others if p not in legacy), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in legacy + runs[KEEP_OTHER_RUNS:]:
+        console.log(f"removing old checkpoints of other params or data: {old}")
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def fingerprint(params: Params, manifest: PreparedManifest) -> str:
     """What a checkpoint must match to be resumed: model, recipe and data (its content hash included)."""
     train = {k: v for k, v in params.train.model_dump().items() if k not in _NOT_TRAJECTORY}
@@ -190,7 +212,7 @@ def worker(
             session_samples += len(batch.labels)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
                 saving_from = time.perf_counter()
-                ckpt.save(CHECKPOINTS_DIR, step, model, optim, state_now(), d, t.keep_checkpoints)
+                ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
                 last_saved = step
                 clock["saving"] += time.perf_counter() - saving_from  # saving is not training time
             if kill_after and step == kill_after:
@@ -223,7 +245,7 @@ def worker(
             log({k: v for k, v in entry.items() if k != "epoch"}, epoch + 1)
 
     if last_saved != step:
-        ckpt.save(CHECKPOINTS_DIR, step, model, optim, state_now(), d, t.keep_checkpoints)
+        ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
     full = ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}
     if d.main:
@@ -275,16 +297,16 @@ def _no_log(metrics: Mapping[str, float], step: int) -> None:
 
 
 def _find_resume(params: Params, manifest: PreparedManifest, main: bool) -> ckpt.Resume | None:
+    folder = run_checkpoints(params, manifest)
     if main:
-        for partial in ckpt.partial_folders(CHECKPOINTS_DIR):
-            console.log(f"ignoring incomplete checkpoint {partial} (interrupted while saving)")
-    resume = ckpt.latest(CHECKPOINTS_DIR)
+        for partial in ckpt.partial_folders(folder):
+            console.log(f"removing incomplete checkpoint {partial} (interrupted while saving)")
+            shutil.rmtree(partial, ignore_errors=True)
+    resume = ckpt.latest(folder)
     if resume is None:
         return None
-    if resume.state.get("fingerprint") != fingerprint(params, manifest):
-        if main:
-            console.log(f"{CHECKPOINTS_DIR} holds a run with other params or data: starting over")
-        return None
+    if resume.state.get("fingerprint") != fingerprint(params, manifest):  # a folder copied or renamed by hand
+        raise StageError(f"{resume.folder} was made with other params or data than its folder name says; delete it")
     return resume
 
 
@@ -327,8 +349,7 @@ def run(params: Params) -> None:
     if device.type == "cuda" and world > torch.cuda.device_count():
         raise StageError(f"train.nproc is {world} but only {torch.cuda.device_count()} CUDA devices exist")
     resume = _find_resume(params, manifest, main=True)
-    if resume is None and ckpt.complete_folders(CHECKPOINTS_DIR):
-        shutil.rmtree(CHECKPOINTS_DIR)
+    retire_other_runs(run_checkpoints(params, manifest), main=True)
     wall = time.perf_counter()
     with stage_run("train", params.tracking, _tracked_params(params), system_metrics=True) as mlrun:
         mlrun.set_tags(_environment(params, world))
@@ -366,8 +387,7 @@ def _run_torchrun(params: Params, rank: int, world: int) -> None:
     dist.init_process_group(distributed.backend_for(distributed.choose_device(params.train.device)))
     try:
         resume = _find_resume(params, manifest, main=rank == 0)
-        if rank == 0 and resume is None and ckpt.complete_folders(CHECKPOINTS_DIR):
-            shutil.rmtree(CHECKPOINTS_DIR)
+        retire_other_runs(run_checkpoints(params, manifest), main=rank == 0)
         dist.barrier()
         if rank != 0:
             worker(rank, world, params, resume, _no_log)

@@ -1,6 +1,6 @@
 """Training checkpoints: torch.distributed.checkpoint (DCP) folders, written atomically and verified.
 
-Layout: `models/checkpoints/step_00000123/` holds DCP's files (`.metadata`, `__0_0.distcp`, ...), the
+Layout: `models/checkpoints/<fingerprint>/step_00000123/` (one folder per params + data fingerprint) holds DCP's files (`.metadata`, `__0_0.distcp`, ...), the
 trainer's state (`trainer.json`: step, loader position, history) and, written last, `COMPLETE.json`
 with the size and SHA-256 of every other file. A folder is written as `step_....partial` and renamed
 only once complete, so a run killed while saving leaves a `.partial` folder that is ignored (and removed

@@ -41,6 +41,11 @@ def weights(path: Path = model_file.MODEL_PATH) -> dict[str, torch.Tensor]:
     return payload["state_dict"]
 
 
+def checkpoints(params: Params) -> Path:
+    """This params' checkpoint folder (one per params + data fingerprint), relative to the project."""
+    return Path("models/checkpoints") / train.fingerprint(params, read_manifest(Path("data/prepared")))
+
+
 def run_killed(params: Params, after_step: int, cwd: Path) -> None:
     """`pipeline train` in a subprocess that SIGKILLs itself right after `after_step`."""
     write_params_yaml(cwd / "params.yaml", params)
@@ -90,10 +95,10 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
 def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(project: Path, tmp_path: Path) -> None:
     params = train_params()
     run_killed(params, after_step=5, cwd=project)  # checkpoint at step 3, killed in the middle of epoch 1
-    assert [p.name for p in (project / "models/checkpoints").iterdir()] == ["step_00000003"]
+    assert [p.name for p in checkpoints(params).iterdir()] == ["step_00000003"]
     assert not model_file.MODEL_PATH.exists()
     train.run(params)
-    assert json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())["step"] == 16
+    assert json.loads((checkpoints(params) / "step_00000016/trainer.json").read_text())["step"] == 16
     resumed = weights()
 
     fresh = tmp_path / "fresh"
@@ -110,7 +115,7 @@ def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(project: P
 def test_a_corrupt_checkpoint_is_named_and_never_used(project: Path) -> None:
     params = train_params(epochs=1)
     train.run(params)
-    latest = project / "models/checkpoints/step_00000008"
+    latest = project / checkpoints(params) / "step_00000008"
     shard = next(latest.glob("*.distcp"))
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
@@ -138,7 +143,7 @@ def test_a_tampered_and_resealed_checkpoint_never_runs_code(project: Path, tmp_p
 
     params = train_params(epochs=1)
     train.run(params)
-    latest = project / "models/checkpoints/step_00000008"
+    latest = project / checkpoints(params) / "step_00000008"
     marker = tmp_path / "code-ran"
     (latest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     state = json.loads((latest / "trainer.json").read_text())
@@ -154,7 +159,7 @@ def test_a_tampered_and_resealed_checkpoint_never_runs_code(project: Path, tmp_p
 def test_a_marker_with_the_wrong_shape_is_a_clear_error(project: Path) -> None:
     params = train_params(epochs=1)
     train.run(params)
-    latest = project / "models/checkpoints/step_00000008"
+    latest = project / checkpoints(params) / "step_00000008"
     for bad in ('{"files": {"trainer.json": {"bytes": 1}}}', '{"files": []}', "[]", '{"files": {"../x": 1}}'):
         (latest / "COMPLETE.json").write_text(bad)
         with pytest.raises(StageError, match=r"step_00000008 is corrupt: COMPLETE.json is not a checkpoint marker"):
@@ -164,13 +169,22 @@ def test_a_marker_with_the_wrong_shape_is_a_clear_error(project: Path) -> None:
 def test_interrupted_save_is_ignored_and_other_params_start_over(project: Path) -> None:
     params = train_params(epochs=1)
     train.run(params)
-    (project / "models/checkpoints/step_00000009.partial").mkdir()  # killed while saving
+    (checkpoints(params) / "step_00000009.partial").mkdir()  # killed while saving
     train.run(params)  # resumes from the complete step 8: nothing left to train
     changed = train_params(epochs=1, lr=0.001)
-    train.run(changed)  # other params: trains from scratch instead of resuming
-    state = json.loads((project / "models/checkpoints/step_00000008/trainer.json").read_text())
+    train.run(changed)  # other params: trains from scratch in its own folder, the first run's kept
+    state = json.loads((checkpoints(changed) / "step_00000008/trainer.json").read_text())
     assert state["fingerprint"] == train.fingerprint(changed, read_manifest(Path("data/prepared")))
-    assert not (project / "models/checkpoints/step_00000009.partial").exists()
+    assert not (checkpoints(params) / "step_00000009.partial").exists()
+    assert (checkpoints(params) / "step_00000008/COMPLETE.json").exists()
+    changed_weights = weights()
+    train.run(params)  # back to the first params: resumes its finished run, nothing trained
+    assert json.loads((project / "reports/train/metrics.json").read_text())["steps"] == 8
+    assert not all(torch.equal(a, b) for a, b in zip(changed_weights.values(), weights().values(), strict=True))
+    for lr in (0.002, 0.0015):  # two more runs: only the two most recent other folders stay
+        train.run(train_params(epochs=1, lr=lr))
+    kept = {p.name for p in Path("models/checkpoints").iterdir()}
+    assert checkpoints(params).name not in kept and checkpoints(changed).name in kept and len(kept) == 3
 
 
 def test_missing_data_is_a_stage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,9 +197,9 @@ def test_missing_data_is_a_stage_error(tmp_path: Path, monkeypatch: pytest.Monke
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_on_cpu(project: Path, strategy: str) -> None:
     train.run(train_params(nproc=2, strategy=strategy))
-    state = json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())
+    state = json.loads((checkpoints(train_params()) / "step_00000016/trainer.json").read_text())
     assert state["world_size"] == 2 and state["strategy"] == strategy
-    assert len(list((project / "models/checkpoints/step_00000016").glob("*.distcp"))) == 2
+    assert len(list((checkpoints(train_params()) / "step_00000016").glob("*.distcp"))) == 2
     assert len(weights()) > 0
     metrics = json.loads((project / "reports/train/metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 16
@@ -197,7 +211,7 @@ def test_resume_with_another_number_of_processes(project: Path, strategy: str) -
     params = train_params()
     run_killed(params, after_step=5, cwd=project)  # one process, checkpoint at step 3
     train.run(train_params(nproc=2, strategy=strategy))  # resumes at global sample 3 * 32 on 2 processes
-    state = json.loads((project / "models/checkpoints/step_00000016/trainer.json").read_text())
+    state = json.loads((checkpoints(params) / "step_00000016/trainer.json").read_text())
     assert state["step"] == 16 and state["world_size"] == 2
     assert state["loader"] == {"epoch": 2, "offset": 0, "seed": 0, "global_batch_size": 32, "num_samples": 256}
     assert [e["epoch"] for e in state["history"]] == [1, 2]
