@@ -484,3 +484,35 @@ def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:
     assert reply.status_code in (400, 413), reply.text
     assert time.perf_counter() - started < 5
     assert slowest < 0.1, f"a health check waited {slowest * 1000:.0f} ms"
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_the_worst_request_the_limits_allow_stays_within_256_mb(server: Server) -> None:
+    """The largest decodable request under the default limits (serve.max_request_pixels of the largest images
+    serve.max_image_pixels allows, as tiny 1-bit PNGs) raises the server's peak RSS by at most 256 MB: images
+    are decoded and freed one at a time. A request beyond the pixel cap is refused before decoding."""
+    from pipeline.config import ServeConfig
+
+    limits = ServeConfig()
+    side = int(limits.max_image_pixels**0.5)
+    buffer = io.BytesIO()
+    Image.new("1", (side, side), 1).save(buffer, format="PNG", optimize=True)
+    bomb = buffer.getvalue()
+    count = limits.max_request_pixels // limits.max_image_pixels
+    assert len(bomb) * (count + 1) < server.max_body  # the body limit does not stop it: the pixel caps must
+    before = _peak_rss_mb(server.process.pid)
+    files = [("files", (f"{i}.png", bomb, "image/png")) for i in range(count)]
+    reply = httpx.post(f"{server.url}/v1/predict", files=files, timeout=120)
+    assert reply.status_code == 200, reply.text
+    grown = _peak_rss_mb(server.process.pid) - before
+    assert grown <= 256, f"peak RSS grew by {grown:.0f} MB"
+    over = [*files, ("files", ("extra.png", bomb, "image/png"))]
+    reply = httpx.post(f"{server.url}/v1/predict", files=over, timeout=120)
+    assert reply.status_code == 413 and "pixels together" in reply.json()["error"]
+    print(f"peak RSS grew by {grown:.0f} MB for {count} images of {side}x{side}")  # noqa: T201
