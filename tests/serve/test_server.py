@@ -515,4 +515,4 @@ def test_the_worst_request_the_limits_allow_stays_within_256_mb(server: Server) 
     over = [*files, ("files", ("extra.png", bomb, "image/png"))]
     reply = httpx.post(f"{server.url}/v1/predict", files=over, timeout=120)
     assert reply.status_code == 413 and "pixels together" in reply.json()["error"]
-    print(f"peak RSS grew by {grown:.0f} MB for {count} images of {side}x{side}")  # noqa: T201
+    print(f"peak RSS grew by {grown:.0f} MB for {count} images of {side}x{side}")
