@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts.variants import InputSpec, ModelManifest, Preprocess, Variant, write_manifest
+from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
 from pipeline.runtimes import open_runtime, read_manifest
 from tests.helpers import REPO
@@ -55,6 +56,11 @@ def _variant(name: str, file: str, fmt: str, runtimes: list[str], accepted: bool
 
 
 def _write(models: Path, variants: list[Variant]) -> ModelManifest:
+    """The manifest, each existing variant file's real SHA-256 recorded (runtimes check it before opening)."""
+    variants = [
+        v.model_copy(update={"sha256": sha256_of(models / v.file)}) if v.file and (models / v.file).is_file() else v
+        for v in variants
+    ]
     manifest = ModelManifest(
         architecture="tiny",
         classes=[str(i) for i in range(43)],
@@ -85,6 +91,12 @@ def models(tmp_path: Path) -> Path:
         ],
     )
     return folder
+
+
+def test_a_file_that_does_not_match_its_manifest_is_never_opened(models: Path) -> None:
+    (models / "variants" / "fp32-onnx.onnx").write_bytes(b"swapped")
+    with pytest.raises(StageError, match=r"does not match the SHA-256 its manifest records for 'fp32-onnx'"):
+        open_runtime(models, "fp32-onnx")
 
 
 def test_manifest_round_trip(models: Path) -> None:
