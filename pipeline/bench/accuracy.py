@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, required=True)
     parser.add_argument("--images", type=Path, required=True)
     parser.add_argument("--exclude", type=Path, help="leave out files whose stem is a file stem in this folder")
+    parser.add_argument(
+        "--variant", help="a shipped variant of models/manifest.json (e.g. int8-onnx) instead of the trained model"
+    )
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args(argv)
 
@@ -65,12 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_labels(args.csv, args.images, exclude)
     labels = np.array([label for _, label, _ in rows])
     framing = read_manifest().served_framing()
-    model, _ = model_file.read()
-    model.eval()
+    if args.variant:  # what the server runs: the same runtime interface
+        from pipeline.artifacts import MODELS_DIR
+        from pipeline.runtimes import open_runtime
 
-    def predict(batch: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return model(torch.from_numpy(batch)).argmax(1).numpy()
+        runtime = open_runtime(MODELS_DIR, args.variant)
+
+        def predict(batch: np.ndarray) -> np.ndarray:
+            return np.asarray(runtime.predict(batch)).argmax(1)
+
+    else:
+        model, _ = model_file.read()
+        model.eval()
+
+        def predict(batch: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return model(torch.from_numpy(batch)).argmax(1).numpy()
 
     served, roi = [], []
     for start in range(0, len(rows), args.batch):
@@ -80,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         if all(box is not None for _, _, box in chunk):
             boxed = [(f, box) for f, (_, _, box) in zip(files, chunk, strict=True)]
             roi.append(predict(decode_images(boxed, framing, MAX_PIXELS)))  # type: ignore[arg-type]
-    report: dict[str, object] = {"images": len(rows), "framing_crop": list(framing.crop)}
+    report: dict[str, object] = {
+        "model": args.variant or "models/model.pt",
+        "images": len(rows),
+        "framing_crop": list(framing.crop),
+    }
     for name, parts in (("served", served), ("roi", roi)):
         if len(parts) == len(served):
             predicted = np.concatenate(parts)

@@ -27,6 +27,18 @@ def test_the_test_files_score_what_evaluate_reported(tiny_project: Path, capsys:
     assert report["served"]["ci95"][0] <= report["served"]["accuracy"] <= report["served"]["ci95"][1]
     assert "roi" not in report  # no boxes in this CSV
 
+    # A shipped variant through the server's runtime interface: optimize's served figure for it.
+    from pipeline.runtimes import read_manifest
+
+    with contextlib.chdir(tiny_project):
+        assert (
+            accuracy.main(["--csv", str(labels), "--images", str(originals[0].path.parent), "--variant", "fp32-onnx"])
+            == 0
+        )
+    report = json.loads(capsys.readouterr().out)
+    served = read_manifest(tiny_project / "models").variant("fp32-onnx").served_accuracy
+    assert report["model"] == "fp32-onnx" and report["served"]["accuracy"] == round(float(served or 0), 4)
+
     empty = tiny_project / "empty.csv"
     empty.write_text("Path,ClassId\n")
     with pytest.raises(StageError, match="no labelled rows"):
