@@ -52,22 +52,17 @@ def http(
         raise StageError(f"{method} {url}: {exc}") from None
 
 
-def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str = "class_id") -> np.ndarray:
-    """Class ids (or `probabilities`) for uint8 [N,S,S,3] images, sent as FP32 [N,3,S,S]/255 with the binary
-    tensor extension."""
-    batch = np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype="<f4") / np.float32(255.0)
-    raw = np.ascontiguousarray(batch, dtype="<f4").tobytes()
+def _infer_binary(
+    base_url: str, model_name: str, shape: list[int], datatype: str, raw: bytes, output: str
+) -> dict[str, Any]:
+    """One OIP v2 request whose single input travels as binary data (Triton's binary tensor extension);
+    returns the requested output tensor (JSON)."""
     header = json.dumps(
         {
             "inputs": [
-                {
-                    "name": "images",
-                    "shape": list(batch.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(raw)},
-                }
+                {"name": "images", "shape": shape, "datatype": datatype, "parameters": {"binary_data_size": len(raw)}}
             ],
-            "outputs": [{"name": output}],
+            "outputs": [{"name": output, "parameters": {"binary_data": False}}],
         }
     ).encode()
     status, _, body = http(
@@ -77,8 +72,17 @@ def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str =
         {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
     )
     if status != 200:
-        raise StageError(f"inference request failed: HTTP {status}: {body[:300]!r}")
+        raise StageError(f"OIP v2 {datatype} inference failed: HTTP {status}: {body[:300]!r}")
     (tensor,) = json.loads(body)["outputs"]
+    return dict(tensor)
+
+
+def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str = "class_id") -> np.ndarray:
+    """Class ids (or `probabilities`) for uint8 [N,S,S,3] images, sent as FP32 [N,3,S,S]/255 with the binary
+    tensor extension."""
+    batch = np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype="<f4") / np.float32(255.0)
+    raw = np.ascontiguousarray(batch, dtype="<f4").tobytes()
+    tensor = _infer_binary(base_url, model_name, list(batch.shape), "FP32", raw, output)
     values = np.asarray(tensor["data"], dtype=np.int64 if output == "class_id" else np.float32)
     return values.reshape(tensor["shape"])
 
@@ -90,28 +94,7 @@ def infer_files(base_url: str, model_name: str, files: list[bytes], batch_size: 
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
         raw = b"".join(len(data).to_bytes(4, "little") + data for data in chunk)
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "images",
-                        "shape": [len(chunk)],
-                        "datatype": "BYTES",
-                        "parameters": {"binary_data_size": len(raw)},
-                    }
-                ],
-                "outputs": [{"name": "class_id", "parameters": {"binary_data": False}}],
-            }
-        ).encode()
-        status, _, body = http(
-            "POST",
-            f"{base_url}/v2/models/{model_name}/infer",
-            header + raw,
-            {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
-        )
-        if status != 200:
-            raise StageError(f"OIP v2 BYTES inference failed: HTTP {status}: {body[:300]!r}")
-        (tensor,) = json.loads(body)["outputs"]
+        tensor = _infer_binary(base_url, model_name, [len(chunk)], "BYTES", raw, "class_id")
         predicted.extend(int(v) for v in tensor["data"])
     return predicted
 

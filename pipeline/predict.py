@@ -42,15 +42,10 @@ def expand(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def _top_k(probabilities: np.ndarray, classes: list[str], k: int) -> list[dict[str, Any]]:
-    order = np.argsort(-probabilities, kind="stable")[:k]  # ties: lowest id, as the server
-    return [{"class_id": int(c), "name": classes[int(c)], "probability": float(probabilities[c])} for c in order]
-
-
 def in_process(params: Params, files: list[Path], top_k: int, variant: str | None) -> list[Answer]:
     from pipeline.preprocess import MAX_PIXELS
     from pipeline.serve.model import load_served_model
-    from pipeline.serve.protocol import BadRequest, decode_images
+    from pipeline.serve.protocol import BadRequest, decode_images, top_classes
 
     config = params.serve if variant is None else params.serve.model_copy(update={"variant": variant})
     model = load_served_model(MODELS_DIR, config)
@@ -66,8 +61,8 @@ def in_process(params: Params, files: list[Path], top_k: int, variant: str | Non
             answers[-1].error = f"cannot read: {exc.strerror or exc}"
     for start in range(0, len(decoded), 64):
         probabilities = model.probabilities(np.concatenate(decoded[start : start + 64]))
-        for slot, row in zip(slots[start : start + 64], probabilities, strict=True):
-            answers[slot].top_k = _top_k(row, model.classes, top_k)
+        for slot, best in zip(slots[start : start + 64], top_classes(probabilities, model.classes, top_k), strict=True):
+            answers[slot].top_k = best
     return answers
 
 

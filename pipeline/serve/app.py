@@ -39,6 +39,7 @@ from pipeline.serve.protocol import (
     peek_images,
     pixel_count,
     tensor_images,
+    top_classes,
 )
 
 OUTPUT_NAMES = ("probabilities", "class_id")
@@ -410,19 +411,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
 
     async def answer(items: list[tuple[bytes, Box | None]], top_k: int) -> Response:
         probabilities = await run_model(await decode(items))
-        k = min(top_k, probabilities.shape[1])
-        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]  # ties: lowest id, as argmax
         payload = {
             "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
-            "predictions": [
-                {
-                    "top_k": [
-                        {"class_id": int(c), "name": model.classes[int(c)], "probability": float(row[c])}
-                        for c in classes
-                    ]
-                }
-                for row, classes in zip(probabilities, order, strict=True)
-            ],
+            "predictions": [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)],
         }
         return Response(json_bytes(payload), media_type="application/json")  # no jsonable_encoder pass
 

@@ -193,6 +193,16 @@ def pixel_count(opened: list[tuple[Image.Image, Box | None]]) -> int:
     return sum(image.width * image.height for image, _ in opened)
 
 
+def top_classes(probabilities: np.ndarray, classes: list[str], k: int) -> list[list[dict[str, Any]]]:
+    """Per row of [N, C] probabilities, the `k` most likely classes (class_id, name, probability), best first;
+    ties go to the lowest id, as argmax. /v1/predict answers with it, and `pipeline predict` prints it."""
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, : min(k, probabilities.shape[1])]
+    return [
+        [{"class_id": int(c), "name": classes[int(c)], "probability": float(row[c])} for c in best]
+        for row, best in zip(probabilities, order, strict=True)
+    ]
+
+
 _CLOSED = Image.new("1", (1, 1))
 
 
