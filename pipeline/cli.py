@@ -19,7 +19,7 @@ from pipeline.errors import StageError
 
 app = typer.Typer(
     name="pipeline",
-    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, containerize, deploy; serve, monitor.",
+    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, card, containerize, deploy; serve, monitor, predict.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -87,6 +87,12 @@ def optimize(params: Path = ParamsOption) -> None:
 def benchmark(params: Path = ParamsOption) -> None:
     """Time every variant on every backend this machine has; choose the serving default."""
     _run_stage("benchmark", params)
+
+
+@app.command()
+def card(params: Path = ParamsOption) -> None:
+    """Write the model card (reports/model_card.md) of the shipped model from the pipeline's artifacts."""
+    _run_stage("card", params)
 
 
 @app.command()

@@ -76,3 +76,26 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
             if old is not None:
                 os.environ["GTSRB_ROOT"] = old
     return work
+
+
+@pytest.fixture(scope="session")
+def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_project after the real benchmark stage, briefly timed (models/serving.json, reports/benchmark/), and
+    the card stage (reports/model_card.md)."""
+    import contextlib
+    import shutil
+
+    import yaml
+
+    from pipeline.stages import benchmark, card
+
+    work = tmp_path_factory.mktemp("benchmarked") / "project"
+    shutil.copytree(tiny_project, work, symlinks=True)
+    raw = yaml.safe_load((work / "params.yaml").read_text())
+    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05}  # fmt: skip
+    (work / "params.yaml").write_text(yaml.safe_dump(raw))
+    with contextlib.chdir(work):
+        benchmark.run(parse_params(raw))
+        card.run(parse_params(raw))
+    return work

@@ -5,9 +5,11 @@ its writer and its reader, and one clear error (StageError) for a missing, forei
     model.py        models/model.pt (and the variants' .pt files)         train -> evaluate, optimize
     variants.py     models/manifest.json + models/variants/               optimize -> benchmark, containerize, serve
     serving.py      models/serving.json                                   benchmark -> serve, containerize
-    predictions.py  reports/evaluate/predictions.json                     evaluate -> deploy
+    predictions.py  reports/evaluate/predictions.json                     evaluate -> deploy, card
     image.py        reports/containerize/image.json                       containerize -> deploy
-    benchmark_report.py  reports/benchmark/report.json                    benchmark -> `pipeline compare`
+    benchmark_report.py  reports/benchmark/report.json                    benchmark -> card, `pipeline compare`
+    evaluation.py   reports/evaluate/metrics.json                         evaluate -> card
+    model_card.py   reports/model_card.{md,json}                          card -> containerize (the image), serve
 
 Nothing else in the package opens these files. Only model.py imports torch (lazily), so the server image,
 which reads variants.py and serving.py, needs no training stack.

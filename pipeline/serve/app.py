@@ -417,6 +417,13 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         }
         return Response(json_bytes(payload), media_type="application/json")  # no jsonable_encoder pass
 
+    @app.get("/v1/model-card", tags=["v1"], response_class=Response, responses={404: {"description": "no card"}})
+    async def model_card() -> Response:
+        """The served model's card (Markdown): intended use, data, per-class accuracy, failure modes, speed."""
+        if model.card is None:
+            raise HTTPException(404, "no model card describes the served variant: run `pipeline card` before serving")
+        return Response(model.card, media_type="text/markdown; charset=utf-8")
+
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:
         metrics.queue.set(batcher.queued_images)

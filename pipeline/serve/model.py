@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.artifacts import model_card
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
@@ -24,6 +25,8 @@ class ServedModel:
     backend: str
     version: str
     predict_logits: Callable[[np.ndarray], np.ndarray]
+    card: str | None = None
+    """The model card (Markdown) when one describes this variant: /v1/model-card."""
 
     @property
     def image_size(self) -> int:
@@ -66,4 +69,5 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         backend=runtime.name,
         version=variant.sha256[:12],
         predict_logits=runtime.predict,
+        card=model_card.read_markdown_for(variant_name),
     )

@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.artifacts import REPORTS_DIR, model_card
 from pipeline.console import log
 from pipeline.errors import StageError
 
@@ -195,7 +196,13 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
 
 
 def stage_context(
-    context: Path, models_dir: Path, model: ModelChoice, wheels: Path, params_file: Path, platform_name: str
+    context: Path,
+    models_dir: Path,
+    model: ModelChoice,
+    wheels: Path,
+    params_file: Path,
+    platform_name: str,
+    reports_dir: Path = REPORTS_DIR,
 ) -> str:
     """Fill `context` (emptied first) with what docker/Dockerfile copies; returns a digest of its contents."""
     if context.exists():
@@ -215,6 +222,16 @@ def stage_context(
     )
     shutil.copy2(params_file, context / "app" / "params.yaml")
     shutil.copy2(models_dir / "manifest.json", context / "app" / "models" / "manifest.json")
+    # The model card, when one describes the shipped variant: the server shows it at /v1/model-card.
+    (context / "app" / "reports").mkdir()
+    card = model_card.read_markdown_for(model.variant, reports_dir)
+    if card is not None:
+        (context / "app" / "reports" / model_card.CARD_PATH.name).write_text(card)
+        shutil.copy2(reports_dir / model_card.FACTS_PATH.name, context / "app" / "reports" / model_card.FACTS_PATH.name)
+    else:
+        log(
+            f"containerize: no model card of {model.variant} in {reports_dir}: the image has none (run `pipeline card`)"
+        )
     for rel in model.files:
         target = context / "app" / "models" / rel
         target.parent.mkdir(parents=True, exist_ok=True)

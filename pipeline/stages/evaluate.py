@@ -12,13 +12,13 @@ deploy's smoke test must reproduce through the API), and logs all of it to one M
 from __future__ import annotations
 
 import csv
-import json
 from typing import Any
 
 import numpy as np
 
 from pipeline import console
 from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
@@ -120,7 +120,7 @@ def compute_metrics(labels: np.ndarray, preds: np.ndarray, classes: list[str], w
 def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any], classes: list[str]) -> None:
     EVAL_REPORTS.mkdir(parents=True, exist_ok=True)
     summary = {k: v for k, v in metrics.items() if k != "confusion_matrix"}
-    (EVAL_REPORTS / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    evaluation_file.write(summary)
     with (EVAL_REPORTS / "confusion.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["actual", "predicted"])

@@ -50,11 +50,13 @@ class Server:
                 self.process.wait()
 
 
-def start_server(models_dir: Path, tmp_path: Path, serve: dict[str, Any]) -> Server:
-    """Start `pipeline serve` in a fresh project folder whose models/ is `models_dir`."""
+def start_server(models_dir: Path, tmp_path: Path, serve: dict[str, Any], reports_dir: Path | None = None) -> Server:
+    """Start `pipeline serve` in a fresh project folder whose models/ is `models_dir` (and reports/ `reports_dir`)."""
     work = tmp_path / f"serve-{time.monotonic_ns()}"
     work.mkdir()
     (work / "models").symlink_to(models_dir)
+    if reports_dir is not None:
+        (work / "reports").symlink_to(reports_dir)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     port = free_port()
     params["serve"] = {"port": port, "max_body_bytes": 256 * 1024, "variant": "fp32-onnx", **serve}

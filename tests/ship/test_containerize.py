@@ -94,7 +94,7 @@ def test_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> None:
     params_file.write_text("{}\n")
     model = ctx.ModelChoice("fp32-onnx", "abc", [Path("fp32-onnx.onnx")], 0.5)
     context = tmp_path / "context"
-    digest = ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64")
+    digest = ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64", tmp_path / "reports")
     files = {str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()}
     assert "Dockerfile" in files and "app/params.yaml" in files
     assert {"app/models/manifest.json", "app/models/fp32-onnx.onnx"} <= files
@@ -103,7 +103,27 @@ def test_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> None:
     assert not any("numpy-0.0.1" in f for f in files)
     assert "app/pipeline/serve/app.py" in files and not any("__pycache__" in f for f in files)
     # Staging the same inputs again gives the same digest (the build cache depends on it).
-    assert ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64") == digest
+    assert ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64", tmp_path / "reports") == digest
+
+
+def test_the_context_carries_the_model_card_of_the_shipped_variant_only(
+    benchmarked_project: Path, tmp_path: Path
+) -> None:
+    import json
+
+    models, reports = benchmarked_project / "models", benchmarked_project / "reports"
+    shipped = json.loads((models / "serving.json").read_text())["variant"]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "requirements.txt").write_text("")
+    card_in = Path("app/reports/model_card.md")
+    for variant, expected in ((shipped, True), ("some-other-variant", False)):
+        model = ctx.ModelChoice(variant, "abc", [Path("manifest.json")], None)
+        context = tmp_path / f"context-{variant}"
+        ctx.stage_context(context, models, model, wheels, REPO / "params.yaml", "linux/amd64", reports)
+        assert (context / card_in).is_file() is expected
+        if expected:
+            assert (context / card_in).read_text() == (reports / "model_card.md").read_text()
 
 
 def _no_engine_env(tmp_path: Path) -> dict[str, str]:

@@ -100,23 +100,8 @@ def test_markdown_table_marks_the_served_setup(tmp_path: Path) -> None:
     assert "int8-onnx **(served)**" in table and "12.00×" in table and "4.00×" in table
 
 
-def test_benchmark_stage_on_a_real_tiny_model(
-    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shutil
-
-    import yaml
-
-    from pipeline.config import parse_params
-
-    work = tmp_path / "project"
-    shutil.copytree(tiny_project, work, symlinks=True)
-    monkeypatch.chdir(work)
-    raw = yaml.safe_load(Path("params.yaml").read_text())
-    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05}  # fmt: skip
-    benchmark.run(parse_params(raw))
-
+def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(benchmarked_project)
     report = json.loads(Path("reports/benchmark/report.json").read_text())
     machine = report["machine"]
     for key in ("architecture", "cpu", "cores", "isa", "torch", "blas", "onednn", "acl", "onnxruntime"):

@@ -1,0 +1,250 @@
+"""The card stage: the model card of the shipped model, generated from the pipeline's artifacts.
+
+    data/prepared/manifest.json      the data: classes, counts, split, checksum, framing
+    reports/evaluate/metrics.json    served and ROI accuracy, per class, the worst classes
+    reports/evaluate/predictions.json  which test files were confused with what (example confusions)
+    models/manifest.json + serving.json  the shipped variant: size, accuracy, the benchmark's choice
+    reports/benchmark/report.json    its speed against PyTorch's default eager, and the CPU it was measured on
+        --> reports/model_card.md + model_card.json (artifacts.model_card), logged to MLflow; containerize puts
+            them into the image and the server shows them at /v1/model-card.
+
+Every figure is read, none typed: a card that disagrees with its sources (a stale evaluate) is an error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from pipeline.artifacts import MODELS_DIR, benchmark_report, model_card
+from pipeline.artifacts import evaluation as evaluation_file
+from pipeline.artifacts import predictions as predictions_file
+from pipeline.artifacts import serving as serving_file
+from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
+from pipeline.artifacts.variants import ModelManifest
+from pipeline.artifacts.variants import read_manifest as read_model_manifest
+from pipeline.config import Params
+from pipeline.console import log
+from pipeline.errors import StageError
+from pipeline.tracking import stage_run
+
+# PyTorch's default: what a user runs without this pipeline (the speed-up the card quotes is against it).
+DEFAULT_EAGER = ("fp32", "torch-eager", "onednn-on", 0)
+EXAMPLES_PER_CONFUSION = 3
+CONFUSIONS_PER_CLASS = 3
+SMALL_QUANTILE = 0.25
+
+
+def run(params: Params) -> None:
+    prepared = read_manifest(PREPARED_DIR)
+    evaluation = evaluation_file.read()
+    predictions = predictions_file.read()
+    manifest = read_model_manifest(MODELS_DIR)
+    choice = serving_file.read(MODELS_DIR)
+    if choice is None:
+        raise StageError(serving_file.missing_choice(MODELS_DIR, "serve.variant"))
+    report = benchmark_report.read()
+    card = build(params, prepared, evaluation, predictions, manifest, choice, report.model_dump())
+    path = model_card.write(card)
+    with stage_run("card", params.tracking) as mlrun:
+        mlrun.log_artifact(path, "model_card")
+        mlrun.log_artifact(model_card.FACTS_PATH, "model_card")
+    e = card.evaluation
+    log(
+        f"card: {path}: served accuracy {e.accuracy:.4f} (95 % CI {e.accuracy_ci95[0]:.4f}-{e.accuracy_ci95[1]:.4f}), "
+        f"shipped {card.shipped.variant}, {len(card.failure_modes)} known failure modes"
+    )
+
+
+def build(
+    params: Params,
+    prepared: PreparedManifest,
+    evaluation: evaluation_file.EvaluationMetrics,
+    predictions: predictions_file.Predictions,
+    manifest: ModelManifest,
+    choice: serving_file.ServingChoice,
+    report: dict[str, Any],
+) -> model_card.ModelCard:
+    served_input = bool(predictions.served_predicted)
+    predicted = predictions.served_predicted if served_input else predictions.predicted
+    labels = predictions.labels
+    correct = sum(int(a == p) for a, p in zip(labels, predicted, strict=True))
+    if len(labels) != evaluation.images or abs(correct / max(1, len(labels)) - evaluation.accuracy) > 1e-9:
+        raise StageError(
+            f"{evaluation_file.METRICS_PATH} and {predictions_file.PREDICTIONS_PATH} disagree (a stale or "
+            "interrupted evaluate): rerun `pipeline evaluate`"
+        )
+    classes = predictions.classes
+    names = [Path(n).name for n in prepared.test_files] or [f"test image {i}" for i in range(len(labels))]
+    train_counts = prepared.splits["train"].per_class
+    pairs = Counter((a, p) for a, p in zip(labels, predicted, strict=True) if a != p)
+
+    def result(class_id: int, accuracy: float, support: int) -> model_card.ClassResult:
+        confused = sorted(((p, n) for (a, p), n in pairs.items() if a == class_id), key=lambda x: (-x[1], x[0]))
+        return model_card.ClassResult(
+            class_id=class_id,
+            name=classes[class_id],
+            accuracy=accuracy,
+            support=support,
+            train_images=train_counts[class_id] if class_id < len(train_counts) else 0,
+            confused_with=[
+                model_card.Confusion(
+                    predicted=classes[p],
+                    count=n,
+                    examples=[
+                        names[i]
+                        for i, (a, q) in enumerate(zip(labels, predicted, strict=True))
+                        if (a, q) == (class_id, p)
+                    ][:EXAMPLES_PER_CONFUSION],
+                )
+                for p, n in confused[:CONFUSIONS_PER_CLASS]
+            ],
+        )
+
+    per_class = [result(c.class_id, c.accuracy, c.support) for c in evaluation.per_class.values()]
+    by_id = {c.class_id: c for c in per_class}
+    worst = [by_id[w.class_id] for w in evaluation.worst_classes if w.class_id in by_id]
+    variant = manifest.variant(choice.variant)
+    return model_card.ModelCard(
+        model_name=params.serve.model_name,
+        architecture=manifest.architecture,
+        num_classes=manifest.num_classes,
+        image_size=manifest.image_size,
+        recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},
+        data=model_card.DataFacts(
+            dataset=prepared.dataset,
+            classes=prepared.classes,
+            split_counts={name: split.count for name, split in prepared.splits.items()},
+            train_per_class=train_counts,
+            validation=_validation(prepared),
+            content_sha256=prepared.content_sha256,
+            unreadable_files=prepared.bad_images.count,
+            framing=prepared.framing,
+            crop=prepared.crop,
+        ),
+        evaluation=model_card.EvaluationFacts(
+            measured_on=evaluation.measured_on,
+            images=evaluation.images,
+            accuracy=evaluation.accuracy,
+            accuracy_ci95=model_card.wilson_interval(correct, len(labels)),
+            roi_accuracy=evaluation.roi_accuracy,
+            macro_f1=evaluation.macro_f1,
+            errors=evaluation.errors,
+            per_class=per_class,
+            worst=worst,
+        ),
+        shipped=_shipped(variant, choice, report),
+        failure_modes=_failure_modes(prepared, evaluation, labels, predicted, pairs, classes, served_input),
+    )
+
+
+def _validation(prepared: PreparedManifest) -> str:
+    val = prepared.splits.get("val")
+    if val is None:
+        return "none"
+    if val.tracks:
+        return (
+            f"{val.tracks} tracks (physical signs, {val.count:,} images) held out whole: no sign is in both "
+            "training and validation"
+        )
+    return f"{val.count:,} images held out by file"
+
+
+def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any]) -> model_card.ShippedFacts:
+    m = choice.metrics
+    default = next(
+        (
+            r
+            for r in report.get("results", [])
+            if r.get("status") == "ok"
+            and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"], r["setup"]["threads"])
+            == DEFAULT_EAGER
+        ),
+        None,
+    )
+    speedup = (
+        round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
+        if default and "throughput_b32" in m
+        else None
+    )
+    machine = report.get("machine", {})
+    isa = " + ".join(f.upper() for f in machine.get("isa", [])) or "no vector extensions listed"
+    return model_card.ShippedFacts(
+        variant=variant.name,
+        precision=variant.precision,
+        format=variant.format,
+        size_bytes=variant.size_bytes,
+        parameters=variant.parameters,
+        sha256=variant.sha256,
+        served_accuracy=variant.served_accuracy,
+        accuracy_drop_points=round(100 * variant.accuracy_drop, 2),
+        backend=choice.backend,
+        throughput_b32=m.get("throughput_b32"),
+        p50_ms=m.get("p50_ms"),
+        p99_ms=m.get("p99_ms"),
+        speedup_vs_default_eager=speedup,
+        machine=f"{machine.get('cpu', 'unknown CPU')} ({machine.get('architecture', '?')}, {isa}, "
+        f"{machine.get('usable_cores', machine.get('cores', '?'))} cores)",
+    )
+
+
+def _failure_modes(
+    prepared: PreparedManifest,
+    evaluation: evaluation_file.EvaluationMetrics,
+    labels: list[int],
+    predicted: list[int],
+    pairs: Counter[tuple[int, int]],
+    classes: list[str],
+    served_input: bool,
+) -> list[str]:
+    """What goes wrong, each with its measured figure."""
+    modes = []
+    support = Counter(labels)
+    for (a, p), n in pairs.most_common(3):
+        modes.append(f"{classes[a]} read as {classes[p]}: {n} of {support[a]} test images of that class.")
+    if served_input and evaluation.roi_accuracy > evaluation.accuracy:
+        modes.append(
+            f"Framing: {100 * evaluation.accuracy:.2f} % on whole files against {100 * evaluation.roi_accuracy:.2f} % "
+            "when the sign's box is given (`/v1/predict` `box=`): send a box when you have one."
+        )
+    small = _small_image_accuracy(prepared, labels, predicted)
+    if small is not None:
+        modes.append(small)
+    # Rare classes are a failure mode only where they measurably do worse than the headline.
+    counts = prepared.splits["train"].per_class
+    figures = {c.class_id: c for c in evaluation.per_class.values()}
+    rare = [i for i in sorted(range(len(counts)), key=lambda i: counts[i])[:5] if i in figures]
+    weak = [i for i in rare if figures[i].accuracy < evaluation.accuracy]
+    if weak:
+        text = ", ".join(f"{classes[i]} ({counts[i]} images: {100 * figures[i].accuracy:.1f} %)" for i in weak)
+        modes.append(f"Among the five rarest training classes, below the headline: {text}.")
+    return modes
+
+
+def _small_image_accuracy(prepared: PreparedManifest, labels: list[int], predicted: list[int]) -> str | None:
+    """Accuracy on the smallest quarter of the test files (by their shorter side) against the rest."""
+    if not prepared.test_files or len(prepared.test_files) != len(labels) or len(labels) < 8:
+        return None
+    sides = []
+    for name in prepared.test_files:
+        try:
+            with Image.open(PREPARED_DIR / name) as im:  # the header only: no pixels are decoded
+                sides.append(min(im.size))
+        except OSError:
+            return None
+    cut = sorted(sides)[int(SMALL_QUANTILE * (len(sides) - 1))]
+    small = [i for i, s in enumerate(sides) if s <= cut]
+    rest = [i for i, s in enumerate(sides) if s > cut]
+    if not small or not rest:
+        return None
+
+    def accuracy(idx: list[int]) -> float:
+        return sum(int(labels[i] == predicted[i]) for i in idx) / len(idx)
+
+    return (
+        f"Small images: {100 * accuracy(small):.2f} % on the {len(small)} test files of at most {cut} px on the shorter "
+        f"side, against {100 * accuracy(rest):.2f} % on the other {len(rest)}."
+    )

@@ -1,0 +1,133 @@
+"""The card stage on the real stages' artifacts (tiny model): every figure equals the report it comes from."""
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.artifacts import model_card
+from pipeline.config import load_params
+from pipeline.errors import StageError
+from pipeline.stages import card
+from tests.helpers.server import start_server
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_wilson_interval() -> None:
+    assert model_card.wilson_interval(0, 10) == (0.0, 0.2775)
+    assert model_card.wilson_interval(10, 10) == (0.7225, 1.0)
+    lo, hi = model_card.wilson_interval(636, 645)
+    assert lo < 636 / 645 < hi and hi - lo < 0.02
+
+
+def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path) -> None:
+    p = benchmarked_project
+    facts = _json(p / "reports/model_card.json")
+    text = (p / "reports/model_card.md").read_text()
+    evaluation = _json(p / "reports/evaluate/metrics.json")
+    predictions = _json(p / "reports/evaluate/predictions.json")
+    manifest = _json(p / "models/manifest.json")
+    serving = _json(p / "models/serving.json")
+    report = _json(p / "reports/benchmark/report.json")
+    prepared = _json(p / "data/prepared/manifest.json")
+
+    e = facts["evaluation"]
+    for key in ("accuracy", "roi_accuracy", "macro_f1", "errors", "images", "measured_on"):
+        assert e[key] == evaluation[key], key
+    assert e["accuracy_ci95"][0] <= e["accuracy"] <= e["accuracy_ci95"][1]
+    assert {c["name"]: (c["accuracy"], c["support"]) for c in e["per_class"]} == {
+        name: (v["accuracy"], v["support"]) for name, v in evaluation["per_class"].items()
+    }
+    assert [c["class_id"] for c in e["worst"]] == [w["class_id"] for w in evaluation["worst_classes"]]
+    # Confusions are counted from evaluate's served predictions, with the test files that were confused.
+    labels, served = predictions["labels"], predictions["served_predicted"]
+    pairs = Counter((a, q) for a, q in zip(labels, served, strict=True) if a != q)
+    names = [Path(n).name for n in prepared["test_files"]]
+    classes = predictions["classes"]
+    for c in e["per_class"]:
+        for x in c["confused_with"]:
+            q = classes.index(x["predicted"])
+            assert x["count"] == pairs[(c["class_id"], q)]
+            for example in x["examples"]:
+                i = names.index(example)
+                assert (labels[i], served[i]) == (c["class_id"], q)
+
+    s = facts["shipped"]
+    variant = next(v for v in manifest["variants"] if v["name"] == serving["variant"])
+    assert (s["variant"], s["size_bytes"], s["sha256"], s["served_accuracy"]) == (
+        variant["name"], variant["size_bytes"], variant["sha256"], variant["served_accuracy"]
+    )  # fmt: skip
+    assert s["throughput_b32"] == serving["metrics"]["throughput_b32"]
+    default = next(
+        r for r in report["results"]
+        if r["status"] == "ok" and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"],
+                                    r["setup"]["threads"]) == ("fp32", "torch-eager", "onednn-on", 0)
+    )  # fmt: skip
+    assert s["speedup_vs_default_eager"] == round(s["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
+    assert report["machine"]["cpu"] in s["machine"]
+
+    d = facts["data"]
+    assert d["content_sha256"] == prepared["content_sha256"]
+    assert d["split_counts"] == {k: v["count"] for k, v in prepared["splits"].items()}
+    assert facts["recipe"]["train"]["epochs"] == load_params(p / "params.yaml").train.epochs
+
+    # The Markdown shows those same figures.
+    assert f"**Served accuracy {100 * e['accuracy']:.2f} %**" in text
+    assert f"{100 * e['accuracy_ci95'][0]:.2f} % to {100 * e['accuracy_ci95'][1]:.2f} %" in text
+    assert f"`{s['variant']}`" in text and d["content_sha256"] in text
+    for c in e["worst"]:
+        assert f"| {c['class_id']} {c['name']} | {100 * c['accuracy']:.2f} % |" in text
+    for mode in facts["failure_modes"]:
+        assert f"- {mode}" in text
+
+
+@pytest.fixture
+def project_copy(benchmarked_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    work = tmp_path / "project"
+    shutil.copytree(benchmarked_project, work, symlinks=True)
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_a_stale_evaluation_is_refused(project_copy: Path) -> None:
+    path = project_copy / "reports/evaluate/metrics.json"
+    metrics = _json(path)
+    metrics["accuracy"] = 1.0 - metrics["accuracy"] / 2  # no longer what predictions.json says
+    path.write_text(json.dumps(metrics))
+    with pytest.raises(StageError, match=r"disagree .*rerun `pipeline evaluate`"):
+        card.run(load_params(project_copy / "params.yaml"))
+
+
+def test_without_the_benchmarks_choice_there_is_no_card(project_copy: Path) -> None:
+    (project_copy / "models/serving.json").unlink()
+    with pytest.raises(StageError, match=r"serving\.json is missing"):
+        card.run(load_params(project_copy / "params.yaml"))
+
+
+def test_the_server_shows_the_card_of_its_variant_only(benchmarked_project: Path, tmp_path: Path) -> None:
+    shipped = _json(benchmarked_project / "models/serving.json")["variant"]
+    other = next(
+        v["name"]
+        for v in _json(benchmarked_project / "models/manifest.json")["variants"]
+        if v["accepted"] and v["name"] != shipped and "onnx" in v["name"]
+    )
+    reports = benchmarked_project / "reports"
+    server = start_server(benchmarked_project / "models", tmp_path, {"variant": shipped}, reports)
+    try:
+        answer = httpx.get(f"{server.url}/v1/model-card")
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/markdown")
+        assert answer.text == (reports / "model_card.md").read_text()
+    finally:
+        server.stop()
+    server = start_server(benchmarked_project / "models", tmp_path, {"variant": other}, reports)
+    try:
+        answer = httpx.get(f"{server.url}/v1/model-card")
+        assert answer.status_code == 404 and "pipeline card" in answer.json()["error"]
+    finally:
+        server.stop()
