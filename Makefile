@@ -7,6 +7,8 @@ SHELL := /bin/bash
 # uv from PATH, else a private copy installed once into .tools/ (pip from PyPI, nothing else needed).
 UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 STAGE ?=
+# Ports that do not collide: the server 8000 (serve.port), a local registry 5000 (deploy.registry), the MLflow UI:
+MLFLOW_UI_PORT ?= 5050
 PYTEST_ARGS ?=
 
 # The light commands (pipeline compare, pipeline monitor) need no torch: a small environment, versions from uv.lock.
@@ -21,7 +23,7 @@ help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
 	@echo "make test       lint, type-check and run all tests, as CI does"
 	@echo "make test-fast  the fast tests only (no 'slow' marker)"
-	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:5000"
+	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:$(MLFLOW_UI_PORT) (MLFLOW_UI_PORT=...)"
 	@echo "make act        run a GitHub workflow locally with act (WORKFLOW=ci|pipeline, ACT_ARGS=...)"
 
 .tools/bin/uv:
@@ -58,7 +60,8 @@ test-fast: env
 	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)
 
 mlflow-ui: env
-	$(UV) run --frozen mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	@$(UV) run --frozen python -m pipeline.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT
+	$(UV) run --frozen mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 act: env
 	scripts/act.sh $(WORKFLOW) $(ACT_ARGS)

@@ -8,6 +8,18 @@ if python3 - "$addr" <<'PY' 2>/dev/null; then echo running; exit 0; fi
 import sys, urllib.request
 urllib.request.urlopen(f"http://{sys.argv[1]}/v2/", timeout=2)
 PY
+# Something else on that port (an MLflow UI, another service): say so, rather than a registry that dies at once.
+if ! python3 - "$addr" <<'PY'; then exit 2; fi
+import socket, sys
+host, _, port = sys.argv[1].rpartition(":")
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host or "127.0.0.1", int(port)))
+    except OSError as exc:
+        sys.exit(f"error: port {port} on {host} is already in use ({exc.strerror}) and is not a registry: "
+                 "stop what listens there, or pass another ADDR here and set deploy.registry to it")
+PY
 if ! command -v docker-registry >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null

@@ -217,6 +217,10 @@ class ServeConfig(Section):
     """On SIGTERM/SIGINT: how long in-flight requests may take to finish (at least 1 s)."""
     max_connections: int = Field(1024, ge=8, le=1_000_000)
     """Open connections plus requests in flight; beyond it new requests get 503 at once."""
+    header_timeout_s: float = Field(10.0, gt=0.0, le=300.0)
+    """A request's headers must arrive within this (from the connection or its first byte): else 408, closed."""
+    max_header_bytes: int = Field(65536, ge=4096, le=16 * 1024 * 1024)
+    """Request line plus headers; beyond it 431 and the connection is closed."""
 
     @model_validator(mode="after")
     def _limits_fit_together(self) -> ServeConfig:

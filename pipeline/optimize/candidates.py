@@ -173,6 +173,9 @@ class Optimizer:
 
     def attempt(self, c: Candidate, make: Callable[[], object]) -> Variant:
         """Make a candidate's file (a failure rejects it with the reason) and judge it."""
+        how = f"calibrating on {len(self.calibration)} training images" if c.precision == "int8" else c.format
+        console.log(f"{c.name}: making it from {c.source or 'the trained model'} ({how}) ...")
+        started = time.perf_counter()
         try:
             make()
         except StageError:
@@ -180,6 +183,7 @@ class Optimizer:
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             return self.judge(c, made=False, error=f"could not be made: {type(exc).__name__}: {first}")
+        console.log(f"{c.name}: made in {time.perf_counter() - started:.1f} s; checking accuracy and parity")
         return self.judge(c)
 
     def torch_family(self, prefix: str, model: nn.Module, like: dict[str, Any], extra: dict[str, Any]) -> None:

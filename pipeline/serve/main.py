@@ -8,6 +8,7 @@ import math
 from pipeline.artifacts import MODELS_DIR
 from pipeline.config import Params
 from pipeline.console import log
+from pipeline.ports import ensure_free
 
 
 def run(params: Params) -> None:
@@ -16,9 +17,11 @@ def run(params: Params) -> None:
     import uvicorn
 
     from pipeline.serve.app import create_app
+    from pipeline.serve.connection import GuardedHttpProtocol
     from pipeline.serve.model import load_served_model
 
     config = params.serve
+    ensure_free(config.host, config.port, "serve.port (or --port)")  # before minutes of model loading
     model = load_served_model(MODELS_DIR, config)
     log(f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}")
     app = create_app(config, model)
@@ -36,6 +39,8 @@ def run(params: Params) -> None:
         timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
         # Connections and requests in flight beyond this get 503 at once instead of piling up in memory.
         limit_concurrency=config.max_connections,
+        # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet.
+        http=GuardedHttpProtocol.configured(config.header_timeout_s, config.max_header_bytes, drain_idle_s=0.5),
         access_log=False,
         log_level="info",
     )

@@ -3,10 +3,12 @@ push an image to a registry and pull it back by digest."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
 
+from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.ship import engine as eng
 
@@ -85,7 +87,22 @@ def logs(engine: eng.Engine, name: str, tail: int = 50) -> str:
 def push(engine: eng.Engine, local_ref: str, remote: str) -> str:
     """Tag `local_ref` as `remote` (registry/repository:tag), push it; returns `registry/repository@digest`."""
     eng.docker(engine, ["tag", local_ref, remote], timeout_s=60)
-    out = eng.docker(engine, ["push", remote], timeout_s=1800).stdout
+    layers = 0
+
+    def on_line(line: str) -> None:  # the engine's progress, condensed: one line per layer, none per byte
+        nonlocal layers
+        if line.endswith((": Pushed", ": Layer already exists", ": Mounted from")) or ": Mounted from " in line:
+            layers += 1
+            log(f"deploy: push {remote}: layer {layers} {line.split(': ', 1)[1].lower()} ({line.split(':')[0]})")
+
+    code, out = eng.stream([engine.cli, "push", remote], dict(os.environ), 1800, on_line)
+    if code != 0:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        raise StageError(
+            f"docker push {remote} "
+            + ("did not finish in 1800 s" if code is None else f"failed (exit {code})")
+            + f":\n{tail}"
+        )
     match = re.search(r"digest: (sha256:[0-9a-f]{64})", out)
     if match is None:
         raise StageError(f"docker push {remote}: no digest in its output:\n{out[-500:]}")

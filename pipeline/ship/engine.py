@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.console import Ticker, log
 from pipeline.errors import StageError
 
 ENGINE_HINT = (
@@ -126,8 +129,10 @@ def build(
     buildkit: bool = False,
     log_path: Path | None = None,
     timeout_s: float = 3600.0,
+    progress_prefix: str = "containerize: ",
 ) -> float:
-    """`docker build`; returns the wall time in seconds. The full build log goes to `log_path`."""
+    """`docker build`; returns the wall time in seconds. One line per build step as it starts; the full build
+    log goes to `log_path`."""
     args = ["build", "-f", str(dockerfile)]
     for tag in tags:
         args += ["-t", tag]
@@ -142,27 +147,61 @@ def build(
         # The preinstalled newer CLI wants buildx for BuildKit; Debian's own CLI drives the engine's BuildKit.
         cli = "/usr/bin/docker"
     started = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [cli, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**os.environ, **env},
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise DockerError(f"docker build did not finish within {timeout_s:.0f} s") from None
+    returncode, output = stream([cli, *args], {**os.environ, **env}, timeout_s, build_progress(progress_prefix))
     seconds = time.perf_counter() - started
-    output = proc.stdout + proc.stderr
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(output)
-    if proc.returncode != 0:
+    if returncode is None:
+        raise DockerError(f"docker build did not finish within {timeout_s:.0f} s")
+    if returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-20:])
         where = f" (full log: {log_path})" if log_path else ""
-        raise DockerError(f"docker build failed (exit {proc.returncode}){where}:\n{tail}")
+        raise DockerError(f"docker build failed (exit {returncode}){where}:\n{tail}")
     return seconds
+
+
+def stream(
+    command: Sequence[str], env: dict[str, str], timeout_s: float, on_line: Callable[[str], None]
+) -> tuple[int | None, str]:
+    """Run `command`, handing each output line (stdout and stderr merged) to `on_line` as it comes; returns the
+    exit code (None when it ran past `timeout_s` and was killed) and the whole output."""
+    proc = subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace"
+    )
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            on_line(line.rstrip("\n"))
+        returncode = proc.wait()
+    finally:
+        expired = not timer.is_alive()
+        timer.cancel()
+    return (None if expired and returncode < 0 else returncode), "".join(lines)
+
+
+# The engine's own progress, condensed to one line per build step: the classic builder's "Step 3/12 : RUN ...",
+# BuildKit's plain "#7 [builder 3/6] RUN ..." (its first line per step; the rest of the output goes to the log).
+_BUILD_STEP = re.compile(r"^(Step \d+/\d+ : .*|#(\d+) \[[^\]]+\] .*)$")
+
+
+def build_progress(prefix: str) -> Callable[[str], None]:
+    seen: set[str] = set()
+
+    def on_line(line: str) -> None:
+        match = _BUILD_STEP.match(line)
+        if match is None or (match.group(2) is not None and match.group(2) in seen):
+            return
+        if match.group(2) is not None:
+            seen.add(match.group(2))
+        text = match.group(1)
+        log(f"{prefix}{text[:117] + '...' if len(text) > 120 else text}")
+
+    return on_line
 
 
 def image_platform(info: dict[str, Any]) -> str:
@@ -178,7 +217,9 @@ def wait_ready(url: str, timeout_s: float, container: str | None = None, engine:
     started = time.perf_counter()
     deadline = started + timeout_s
     last = "no answer"
+    ticker = Ticker(every_s=10.0)
     while time.perf_counter() < deadline:
+        ticker.maybe(f"deploy: waiting for {url} to be ready (of {timeout_s:.0f} s allowed; last: {last})")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:

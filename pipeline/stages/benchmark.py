@@ -27,7 +27,7 @@ from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, benchmark_report
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split
 from pipeline.config import BenchmarkConfig, Params
-from pipeline.console import log
+from pipeline.console import Steps, log
 from pipeline.errors import StageError
 
 REPORT_DIR = REPORTS_DIR / "benchmark"
@@ -406,15 +406,17 @@ def run(params: Params) -> None:
         raise StageError("no variant/backend combination to benchmark (check benchmark.backends)")
     with stage_run("benchmark", params.tracking, {"benchmark": config.model_dump(mode="json")}) as tracker:
         began = time.perf_counter()
-        for n, setup in enumerate(setups, 1):
-            result = run_setup(setup, config, config.timeout_s)
+        steps = Steps("benchmark", len(setups))
+        for setup in setups:
+            with steps.running(setup.label):
+                result = run_setup(setup, config, config.timeout_s)
             results.append(result)
             summary = (
                 f"{result.metrics['throughput_b' + str(config.batch_sizes[0])]:,.0f} img/s, "
                 f"p50 {result.metrics['p50_ms']:.3f} ms, acc {result.metrics['accuracy']:.4f}"
                 if result.status == "ok" else f"{result.status}: {result.error}"
             )  # fmt: skip
-            log(f"benchmark [{n}/{len(setups)}] {setup.label}: {summary}")
+            steps.finished(setup.label, summary)
         reference = next((v.accuracy for v in manifest.variants if v.name == "fp32"), None)
         if reference is None:
             reference = max(v.accuracy for v in manifest.variants if v.accepted)

@@ -27,8 +27,9 @@ from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_file
 from pipeline.artifacts.variants import read_manifest
 from pipeline.client import encode, infer_files, predict_files, smoke_test
 from pipeline.config import Params
-from pipeline.console import log
+from pipeline.console import Steps, log
 from pipeline.errors import StageError
+from pipeline.ports import ensure_free
 from pipeline.ship import container
 from pipeline.ship import engine as eng
 
@@ -56,16 +57,22 @@ def originals_through_api(url: str, model_name: str, limit: int = 0) -> dict[str
         return None
     labels = np.asarray([f.label for f in files])
     out: dict[str, Any] = {"images": len(files)}
-    predicted: dict[str, list[int]] = {"oip_bytes": infer_files(url, model_name, [f.read_bytes() for f in files])}
-    for kind in ("png", "jpeg"):
-        encoded = []
-        for f in files:
-            with Image.open(f.path) as image:
-                encoded.append(encode(image, kind))
-        predicted[kind] = predict_files(url, encoded, kind)
-    for kind, answers in predicted.items():
-        out[f"{kind}_accuracy"] = float((np.asarray(answers) == labels).mean())
-        out[f"{kind}_errors"] = int((np.asarray(answers) != labels).sum())
+    predicted: dict[str, list[int]] = {}
+    steps = Steps("deploy: original files", 3)
+    for kind in ("oip_bytes", "png", "jpeg"):
+        label = f"{len(files)} as {'OIP v2 BYTES' if kind == 'oip_bytes' else kind.upper() + ' via /v1/predict'}"
+        with steps.running(label):
+            if kind == "oip_bytes":
+                predicted[kind] = infer_files(url, model_name, [f.read_bytes() for f in files])
+            else:
+                encoded = []
+                for f in files:
+                    with Image.open(f.path) as image:
+                        encoded.append(encode(image, kind))
+                predicted[kind] = predict_files(url, encoded, kind)
+        out[f"{kind}_accuracy"] = float((np.asarray(predicted[kind]) == labels).mean())
+        out[f"{kind}_errors"] = int((np.asarray(predicted[kind]) != labels).sum())
+        steps.finished(label, f"accuracy {out[f'{kind}_accuracy']:.4f}")
     out["predicted"] = predicted
     log(
         f"deploy: original test files, whole: OIP v2 BYTES {out['oip_bytes_accuracy']:.4f}, /v1/predict PNG "
@@ -131,11 +138,13 @@ def run(params: Params) -> None:
         log(f"deploy: pulled back {by_digest}")
 
     log(f"deploy: starting {ref} as container {config.container_name} ...")
+    ensure_free("127.0.0.1", config.host_port, "deploy.host_port")
     running = container.start(engine, ref, config.container_name, config.host_port, config.ready_timeout_s)
     report |= {"container": running.name, "url": running.url, "ready_seconds": round(running.ready_seconds, 2)}
     log(f"deploy: ready at {running.url} after {running.ready_seconds:.1f} s; smoke test on {len(images)} images")
     try:
         result = smoke_test(running.url, params.serve.model_name, images, labels)
+        log(f"deploy: {result.images} prepared test images as FP32 tensors: accuracy {result.accuracy:.4f}")
         originals = originals_through_api(running.url, params.serve.model_name, config.smoke_images)
     except StageError:
         log(container.logs(engine, running.name))

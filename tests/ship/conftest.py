@@ -65,6 +65,9 @@ def ship_params(**sections: dict[str, Any]) -> Params:
             "bf16": "off",
             "calibration_images": 64,
         },
+        # A brief benchmark: its choice (fp32-onnx, the only ONNX variant) and report make the model card.
+        "benchmark": {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                      "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 1.0},  # fmt: skip
         "tracking": {"enabled": False},
         "containerize": {
             "image": TEST_IMAGE,
@@ -84,7 +87,8 @@ def ship_params(**sections: dict[str, Any]) -> Params:
 
 
 def make_project(root: Path) -> Path:
-    """A project folder with data/prepared (tiny synthetic), models/ from the real stages, params.yaml."""
+    """A project folder with data/prepared (tiny synthetic), models/ and reports/ from the real stages (prepare's
+    writer, then train, evaluate, optimize, benchmark, card), params.yaml."""
     import yaml
 
     from pipeline.stages import evaluate, train
@@ -100,6 +104,10 @@ def make_project(root: Path) -> Path:
         from pipeline.stages import optimize
 
         optimize.run(params)
+        from pipeline.stages import benchmark, card
+
+        benchmark.run(params)
+        card.run(params)
     return root
 
 
