@@ -66,8 +66,14 @@ def ship_params(**sections: dict[str, Any]) -> Params:
             "calibration_images": 64,
         },
         # A brief benchmark: its choice (fp32-onnx, the only ONNX variant) and report make the model card.
-        "benchmark": {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                      "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 1.0},  # fmt: skip
+        "benchmark": {
+            "threads": [0],
+            "min_seconds": 0.05,
+            "latency_calls": 5,
+            "warmup": 1,
+            "backends": ["onnxruntime", "torch-eager"],
+            "max_accuracy_drop": 1.0,
+        },
         "tracking": {"enabled": False},
         "containerize": {
             "image": TEST_IMAGE,

@@ -49,7 +49,7 @@ def test_probes_metadata_and_metrics(running: container.Running, built_image: Im
     status, _, body = request("GET", running.url + "/metrics")
     assert status == 200 and b"inference_requests" in body
     # The model card went into the image with the variant it describes.
-    status, headers, body = request("GET", running.url + "/v1/model-card")
+    status, _, body = request("GET", running.url + "/v1/model-card")
     assert status == 200 and body.decode() == (built_image.project / "reports" / "model_card.md").read_text()
     # Docker's own HEALTHCHECK (every second here) turns healthy.
     deadline = time.monotonic() + 30

@@ -1,0 +1,116 @@
+"""The connection limits uvicorn lacks (pipeline/serve/connection.py), against the real server process: slow and
+oversized headers, idle sockets, and a drain on SIGTERM that loses no request."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers.server import Server, start_server
+from tests.serve.test_server import png
+
+
+def _connect(server: Server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+@pytest.fixture
+def guarded(models_dir: Path, tmp_path: Path) -> Server:
+    server = start_server(models_dir, tmp_path, {"header_timeout_s": 1.0, "max_header_bytes": 8192})
+    yield server
+    server.stop()
+
+
+def test_slow_headers_get_408_and_the_socket_is_closed(guarded: Server) -> None:
+    started = time.monotonic()
+    with _connect(guarded) as slow, _connect(guarded) as silent:
+        slow.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+        answer = _read_all(slow)
+        assert answer.startswith(b"HTTP/1.1 408") and b"connection: close" in answer
+        assert _read_all(silent).startswith(b"HTTP/1.1 408")  # one that sends nothing at all: the same
+    assert time.monotonic() - started < 5
+    assert httpx.get(f"{guarded.url}/v2/health/live").status_code == 200
+
+
+def test_endless_headers_get_431_without_growing_the_server(guarded: Server) -> None:
+    with _connect(guarded) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for _ in range(1000):  # 1 MB of headers, far past the 8 KiB limit
+                sock.sendall(b"X-Padding: " + b"a" * 1000 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed by the server mid-stream: what we want
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 431")
+    assert httpx.get(f"{guarded.url}/v2/health/live").status_code == 200
+
+
+def test_headers_within_the_limits_and_keep_alive_still_work(guarded: Server) -> None:
+    with httpx.Client(base_url=guarded.url) as client:
+        for _ in range(3):
+            assert client.get("/v2/health/live", headers={"X-Ok": "a" * 4000}).status_code == 200
+            time.sleep(0.4)  # a keep-alive pause shorter than the header deadline: the next request is fine
+
+
+def _load_until_refused(url: str, body: bytes, outcomes: Counter[str], stop: threading.Event) -> None:
+    """One pooled keep-alive client sending requests back to back, as a load balancer or an SDK does."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while not stop.is_set():
+            try:
+                answer = client.post("/v1/predict", files={"files": ("sign.png", body, "image/png")})
+                outcomes[str(answer.status_code)] += 1
+            except httpx.ConnectError:
+                outcomes["refused"] += 1  # never sent: the listener is closed (safe to retry elsewhere)
+                return
+            except httpx.TransportError as exc:
+                outcomes[f"lost: {type(exc).__name__}"] += 1  # sent, and no answer: what a drain must not do
+                return
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_loses_no_request_over_20_runs(models_dir: Path, tmp_path: Path) -> None:
+    rng = random.Random(0)
+    totals: Counter[str] = Counter()
+    for _ in range(20):
+        server = start_server(models_dir, tmp_path, {"drain_timeout_s": 5.0})
+        body = png(np.ascontiguousarray(server.test_images[0]))
+        outcomes: Counter[str] = Counter()
+        stop = threading.Event()
+        clients = [
+            threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop)) for _ in range(8)
+        ]
+        for c in clients:
+            c.start()
+        time.sleep(rng.uniform(0.3, 1.0))
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=20)
+        stop.set()
+        for c in clients:
+            c.join(timeout=30)
+        assert code in (0, -signal.SIGTERM)
+        assert outcomes["200"] > 0
+        totals.update(outcomes)
+    lost = {k: v for k, v in totals.items() if k.startswith("lost")}
+    assert not lost, f"requests lost in the drain: {lost} (all outcomes: {dict(totals)})"
+    assert set(totals) <= {"200", "503", "refused"}, dict(totals)
+    print(f"SIGTERM under load, 20 runs x 8 keep-alive clients: {dict(totals)}")
