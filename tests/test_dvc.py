@@ -84,3 +84,104 @@ def test_every_dvc_output_is_git_ignored_and_the_folders_exist() -> None:
     assert set(probe.stdout.split()) == outputs - metrics
     tracked = subprocess.run(["git", "ls-files", "data", "models"], cwd=REPO, capture_output=True, text=True)
     assert tracked.stdout.split() == ["data/README.md", "models/README.md"]
+
+
+PIPELINE_TO_CARD = ("prepare", "train", "evaluate", "optimize", "benchmark", "card")
+
+
+def _tiny_pipeline_params(work: Path) -> None:
+    """A small model and a short benchmark: the whole chain to the card in about a minute."""
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["model"].update({"name": "signnet", "width": 8, "members": 1})
+    params["train"].update({"epochs": 4, "batch_size": 64, "checkpoint_every": 5, "nproc": 1})
+    params["evaluate"]["min_accuracy"] = 0.0
+    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
+                               "max_accuracy_drop": 0.05})  # fmt: skip
+    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                                "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
+    params["tracking"]["enabled"] = False
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def _what_the_server_would_serve(work: Path) -> str:
+    """The server's own loading code in `work`: the variant it serves, or its one-line refusal. It must never
+    serve a file other than the one the benchmark measured."""
+    from pipeline.artifacts import serving as serving_file
+    from pipeline.config import ServeConfig
+    from pipeline.errors import StageError
+    from pipeline.serve.model import load_served_model
+
+    try:
+        model = load_served_model(work / "models", ServeConfig())
+    except StageError as exc:
+        return f"refused: {exc}"
+    choice = serving_file.read(work / "models")
+    assert choice is not None and model.variant == choice.variant and choice.sha256.startswith(model.version)
+    return f"serves {model.variant} {model.version}"
+
+
+@pytest.mark.slow
+def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """After a complete run and a param change (so a previous choice and model exist, as in real use): kill -9
+    of the whole `dvc repro` process group at a random moment of each stage in turn; after every kill the
+    server either refuses with one line or serves exactly the file the benchmark measured; then `dvc repro`
+    completes, nothing is left behind, and DVC sees everything up to date."""
+    import queue
+    import random
+    import signal
+    import threading
+    import time
+
+    work, env = project
+    env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "synthetic")))
+    _tiny_pipeline_params(work)
+    dvc = [sys.executable, "-m", "dvc"]
+    _run([*dvc, "repro", "card"], work, env)
+    before = _what_the_server_would_serve(work)
+    assert before.startswith("serves "), before
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["train"]["seed"] = 1  # another model: every stage from train on reruns
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    rng = random.Random(7)
+    killed_in: list[str] = []
+    served_after_kill: list[str] = []
+    for target in PIPELINE_TO_CARD[1:]:
+        proc = subprocess.Popen([*dvc, "repro", "card"], cwd=work, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(stream: object = proc.stdout, sink: queue.Queue[str | None] = lines) -> None:
+            for line in stream:  # type: ignore[attr-defined]
+                sink.put(line)
+            sink.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        running = None
+        while running is None:
+            line = lines.get(timeout=600)
+            if line is None:
+                break
+            for stage in PIPELINE_TO_CARD[PIPELINE_TO_CARD.index(target) :]:
+                if f"Running stage '{stage}'" in line:
+                    running = stage
+        if running is None:  # the chain finished before reaching the target: nothing left to kill
+            proc.wait(timeout=60)
+            break
+        time.sleep(rng.uniform(0.2, 3.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        killed_in.append(running)
+        served_after_kill.append(_what_the_server_would_serve(work))
+    assert len(killed_in) >= 3, killed_in
+
+    final = _run([*dvc, "repro", "card"], work, env)
+    assert "Running stage 'card'" in final or "didn't change" in final
+    assert "Data and pipelines are up to date" in _run([*dvc, "status", "card"], work, env)
+    after = _what_the_server_would_serve(work)
+    assert after.startswith("serves ") and after != before  # the new model, measured
+    for refusal in (s for s in served_after_kill if s.startswith("refused")):
+        assert "\n" not in refusal and ("run " in refusal.lower() or "rerun" in refusal.lower()), refusal
+    leftovers = [p for d in ("data", "models", "reports") for p in (work / d).rglob("*")
+                 if ".tmp" in p.name or p.name.startswith(".prepared-") or p.name == "variants.staging"]  # fmt: skip
+    assert not leftovers, leftovers
+    print(f"killed in {killed_in}; the server after each kill: {[s[:90] for s in served_after_kill]}")

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts._files import read_model, write_model
+from pipeline.errors import StageError
 
 SERVING_FILE = "serving.json"
 SERVING_PATH = MODELS_DIR / SERVING_FILE
@@ -27,6 +28,18 @@ class ServingChoice(BaseModel):
     """Threads it was measured at (0 = all cores)."""
     metrics: dict[str, float] = Field(default_factory=dict)
     """What the benchmark measured for it (throughput, latency, accuracy)."""
+    sha256: str = ""
+    """SHA-256 of the variant file that was measured: a later optimize that replaced the file (same name,
+    other model) makes this choice stale, and the server and containerize refuse it."""
+
+    def check_against(self, variant_name: str, variant_sha256: str, models_dir: Path, setting: str) -> None:
+        """A StageError when this choice was measured on another file than the manifest's `variant_name`."""
+        if self.sha256 and variant_name == self.variant and variant_sha256 != self.sha256:
+            raise StageError(
+                f"{Path(models_dir) / SERVING_FILE} chose {self.variant} as measured on another file "
+                f"(sha256 {self.sha256[:12]}, the manifest's is {variant_sha256[:12]}): the variants were rebuilt "
+                f"after the benchmark. Run `pipeline benchmark` (or `dvc repro`), or set {setting} yourself"
+            )
 
 
 def write(choice: ServingChoice, models_dir: Path = MODELS_DIR) -> Path:

@@ -46,6 +46,11 @@ def choose_variant(models_dir: Path, config: ServeConfig) -> tuple[str, str]:
     choice = serving_file.read(models_dir)
     if choice is None:
         raise StageError(serving_file.missing_choice(models_dir, "serve.variant"))
+    from pipeline.artifacts.variants import read_manifest
+
+    choice.check_against(
+        choice.variant, read_manifest(models_dir).variant(choice.variant).sha256, models_dir, "serve.variant"
+    )
     return choice.variant, choice.backend or config.backend
 
 

@@ -177,6 +177,8 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
         if choice is None:  # never guess: an interrupted benchmark must not ship another variant silently
             raise StageError(serving_file.missing_choice(models_dir, "containerize.variant"))
         variant = choice.variant
+        if variant in accepted:
+            choice.check_against(variant, accepted[variant].sha256, models_dir, "containerize.variant")
     if variant not in ONNX_VARIANTS:
         raise StageError(
             f"containerize.variant {variant!r}: the server image runs ONNX Runtime only; use one of "

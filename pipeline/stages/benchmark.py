@@ -438,7 +438,8 @@ def run(params: Params) -> None:
                 f"no setup among {', '.join(config.serving_backends)} passed the accuracy gate "
                 f"(reference {reference:.4f} - {config.max_accuracy_drop}); see {REPORT_DIR / 'table.md'}"
             )
-        serving_file.write(serving_file.ServingChoice(**asdict(chosen.setup), metrics=chosen.metrics))
+        measured = next(v.sha256 for v in manifest.variants if v.name == chosen.setup.variant)
+        serving_file.write(serving_file.ServingChoice(**asdict(chosen.setup), metrics=chosen.metrics, sha256=measured))
         if config.profile:
             profile(chosen.setup, manifest, REPORT_DIR / "profile.txt")
         else:  # still written: dvc.yaml declares it, and a stale profile must not pass for this run's

@@ -322,6 +322,30 @@ def test_without_the_benchmarks_choice_auto_refuses_to_guess(models_dir: Path, t
     assert choose_model(models, "fp32-onnx").variant == "fp32-onnx"
 
 
+def test_a_choice_measured_on_another_file_is_refused(models_dir: Path, tmp_path: Path) -> None:
+    """optimize rebuilt the variants after the benchmark (same names, other files): the old choice is stale."""
+    import shutil
+
+    from pipeline.artifacts import serving as serving_file
+    from pipeline.artifacts.variants import read_manifest
+    from pipeline.config import ServeConfig
+    from pipeline.errors import StageError
+    from pipeline.serve.model import load_served_model
+    from pipeline.ship.context import choose_model
+
+    models = tmp_path / "models"
+    shutil.copytree(models_dir, models)
+    measured = read_manifest(models).variant("fp32-onnx").sha256
+    serving_file.write(serving_file.ServingChoice(variant="fp32-onnx", backend="onnxruntime", sha256=measured), models)
+    assert load_served_model(models, ServeConfig()).variant == "fp32-onnx"
+    assert choose_model(models, "auto").variant == "fp32-onnx"
+    serving_file.write(serving_file.ServingChoice(variant="fp32-onnx", backend="onnxruntime", sha256="0" * 64), models)
+    with pytest.raises(StageError, match=r"as measured on another file .*Run `pipeline benchmark`"):
+        load_served_model(models, ServeConfig())
+    with pytest.raises(StageError, match=r"as measured on another file"):
+        choose_model(models, "auto")
+
+
 def _malformed_corpus(good: bytes, size: int, max_body: int) -> list[tuple[str, str, dict[str, object]]]:
     """(name, path, httpx request kwargs) of hostile or broken requests: images, multipart, JSON and OIP."""
     b64 = base64.b64encode(good).decode()
