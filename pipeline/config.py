@@ -221,6 +221,8 @@ class ServeConfig(Section):
     """A request's headers must arrive within this (from the connection or its first byte): else 408, closed."""
     max_header_bytes: int = Field(65536, ge=4096, le=16 * 1024 * 1024)
     """Request line plus headers; beyond it 431 and the connection is closed."""
+    body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """A request's body must arrive within this of its headers: else 408."""
 
     @model_validator(mode="after")
     def _limits_fit_together(self) -> ServeConfig:

@@ -54,11 +54,13 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimit:
-    """Refuse bodies over the limit: by Content-Length up front, and while streaming otherwise."""
+    """Refuse bodies over the limit: by Content-Length up front, and while streaming otherwise; and bodies
+    that do not arrive within `timeout_s` (a slow sender holds a connection and a worker's buffer: 408)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,14 +72,27 @@ class BodyLimit:
                 await response(scope, receive, send)
                 return
         seen = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete:  # after the body only a disconnect can come: no deadline on waiting for it
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(  # and close: the rest of that body must not be read as the next request
+                    408,
+                    f"request body not received within {self.timeout_s} s (serve.body_timeout_s)",
+                    {"Connection": "close"},
+                ) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+                complete = not message.get("more_body", False)
             return message
 
         await self.app(scope, limited, send)
@@ -212,7 +227,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         ),
         lifespan=lifespan,
     )
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(Observe, metrics=metrics)  # outermost: sees every response, 413s included
 
     @app.exception_handler(HTTPException)

@@ -36,7 +36,9 @@ def _read_all(sock: socket.socket) -> bytes:
 
 @pytest.fixture
 def guarded(models_dir: Path, tmp_path: Path) -> Server:
-    server = start_server(models_dir, tmp_path, {"header_timeout_s": 1.0, "max_header_bytes": 8192})
+    server = start_server(
+        models_dir, tmp_path, {"header_timeout_s": 1.0, "max_header_bytes": 8192, "body_timeout_s": 1.5}
+    )
     yield server
     server.stop()
 
@@ -49,6 +51,19 @@ def test_slow_headers_get_408_and_the_socket_is_closed(guarded: Server) -> None:
         assert answer.startswith(b"HTTP/1.1 408") and b"connection: close" in answer
         assert _read_all(silent).startswith(b"HTTP/1.1 408")  # one that sends nothing at all: the same
     assert time.monotonic() - started < 5
+    assert httpx.get(f"{guarded.url}/v2/health/live").status_code == 200
+
+
+def test_a_body_that_does_not_arrive_gets_408(guarded: Server) -> None:
+    started = time.monotonic()
+    with _connect(guarded) as sock:
+        sock.sendall(
+            b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n" + b'{"images": ["'
+        )  # and then nothing more
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and b"serve.body_timeout_s" in answer
+    assert time.monotonic() - started < 6
     assert httpx.get(f"{guarded.url}/v2/health/live").status_code == 200
 
 
