@@ -48,6 +48,27 @@ OUTPUT_NAMES = ("probabilities", "class_id")
 INLINE_DECODE_PIXELS = 256 * 256
 
 
+def _errors(*codes: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error answers a route gives: every one is JSON {"error": "..."}; `described`
+    (e.g. e404="...") overrides the usual description of a code."""
+    what = {
+        400: "bad input (undecodable image, wrong shape, dtype or count, a box outside the image)",
+        404: "unknown model name",
+        408: "request headers or body not received in time",
+        413: "body, image or request pixels over the limits",
+        415: "unsupported content type or image format",
+        422: "request does not match the schema",
+        431: "request headers too large",
+        503: "queue full or shutting down (Retry-After)",
+        504: "inference took longer than serve.request_timeout_s",
+    } | {int(k[1:]): v for k, v in described.items()}
+    schema = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+    return {code: {"description": what[code], "content": {"application/json": {"schema": schema}}} for code in codes}
+
+
+CLIENT_ERRORS = (400, 408, 413, 415, 422, 431, 503, 504)
+
+
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body larger than {limit} bytes (serve.max_body_bytes)")
@@ -291,7 +312,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     async def server_metadata() -> dict[str, Any]:
         return {"name": "gtsrb-pipeline", "version": model.version, "extensions": ["binary_tensor_data"]}
 
-    @app.get("/v2/models/{name}", tags=["v2"])
+    @app.get(
+        "/v2/models/{name}", tags=["v2"], responses=_errors(404, e404="no model card describes the served variant")
+    )
     async def model_metadata(name: str) -> dict[str, Any]:
         check_model(name)
         s = model.image_size
@@ -336,7 +359,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(InferRequest)}}}
     }
 
-    @app.post("/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema)
+    @app.post(
+        "/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema, responses=_errors(404, *CLIENT_ERRORS)
+    )
     async def infer(name: str, request: Request) -> Response:
         check_model(name)
         body = await request.body()
@@ -392,7 +417,13 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         }
     }
 
-    @app.post("/v1/predict", tags=["v1"], openapi_extra=predict_schema, response_model=dict[str, Any])
+    @app.post(
+        "/v1/predict",
+        tags=["v1"],
+        openapi_extra=predict_schema,
+        response_model=dict[str, Any],
+        responses=_errors(*CLIENT_ERRORS),
+    )
     async def predict(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         top_k = config.top_k
@@ -432,7 +463,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         }
         return Response(json_bytes(payload), media_type="application/json")  # no jsonable_encoder pass
 
-    @app.get("/v1/model-card", tags=["v1"], response_class=Response, responses={404: {"description": "no card"}})
+    @app.get(
+        "/v1/model-card",
+        tags=["v1"],
+        response_class=Response,
+        responses=_errors(404, e404="no model card describes the served variant"),
+    )
     async def model_card() -> Response:
         """The served model's card (Markdown): intended use, data, per-class accuracy, failure modes, speed."""
         if model.card is None:

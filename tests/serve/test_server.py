@@ -35,7 +35,9 @@ def test_health_and_metadata(server: Server) -> None:
     assert {o["name"] for o in meta["outputs"]} == {"probabilities", "class_id"}
     assert len(meta["parameters"]["classes"]) == 43
     assert httpx.get(f"{server.url}/v2/models/gtsrb/ready").status_code == 200
-    assert httpx.get(f"{server.url}/openapi.json").json()["paths"]["/v1/predict"]
+    spec = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert {"400", "408", "413", "415", "503", "504"} <= set(spec["/v1/predict"]["post"]["responses"])
+    assert {"400", "404", "413", "503"} <= set(spec["/v2/models/{name}/infer"]["post"]["responses"])
 
 
 def test_oip_json_tensor_matches_the_runtime(server: Server) -> None:
