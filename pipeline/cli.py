@@ -151,7 +151,7 @@ def predict(
         None, "--model", help="Variant to use (default: serve.variant, i.e. the benchmark's choice)."
     ),
     url: str | None = typer.Option(None, "--url", help="Classify through a running server instead (its /v1/predict)."),
-    top_k: int = typer.Option(3, "--top-k", min=1, max=43, help="Classes per file."),
+    top_k: int = typer.Option(3, "--top-k", min=1, max=256, help="Classes per file."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table."),
 ) -> None:
     """Classify image files with the served model (the server's own preprocessing), or through a server."""

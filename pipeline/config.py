@@ -28,12 +28,17 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    """The prepare stage: where GTSRB is, and how signs become arrays."""
+    """The prepare stage: where the images are, and how they become arrays."""
 
+    source: Literal["gtsrb", "folder", "csv"] = "gtsrb"
+    """`gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
+    (or train/<class>/ and test/<class>/). `csv`: `root` is a CSV file with path,label[,group][,box][,split]
+    columns (pipeline/data/listing.py). Classes come from the data."""
     root: PathField = Path("data/raw")
-    """Folder that holds (or receives) torchvision's `gtsrb/` layout. $GTSRB_ROOT overrides it."""
+    """gtsrb: the folder that holds (or receives) torchvision's `gtsrb/` layout ($GTSRB_ROOT overrides it);
+    folder: your folder of class folders; csv: your CSV file."""
     download: bool = True
-    """Let torchvision download GTSRB into `root` when it is not there (needs internet)."""
+    """gtsrb: let torchvision download GTSRB into `root` when it is not there (needs internet)."""
     image_size: int = Field(32, ge=8, le=256)
     """Side of the square images the model sees, in pixels."""
     roi_margin: float = Field(0.1, ge=0.0, le=1.0)
@@ -48,15 +53,18 @@ class DataConfig(Section):
     background at each side less roi_margin (GTSRB's signs are not centred; more pixels land on the sign).
     `none`: the whole image. Recorded in the prepared manifest and the models' manifest; the server applies it."""
     val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
-    """Fraction of each class's tracks (physical signs) held out for validation."""
+    """Fraction of each class's groups held out for validation (GTSRB: tracks, i.e. physical signs; a CSV's
+    `group` column; else single files)."""
+    test_fraction: float = Field(0.2, gt=0.0, lt=0.5)
+    """Sources without a test split: the fraction of each class's groups held out for testing."""
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     """Fail the stage when more than this fraction of images cannot be read."""
     seed: int = 42
 
     def resolved_root(self) -> Path:
-        """`root`, unless $GTSRB_ROOT points the run at another copy."""
+        """`root`, unless $GTSRB_ROOT points a gtsrb run at another copy."""
         env = os.environ.get(GTSRB_ROOT_ENV)
-        return Path(env) if env else self.root
+        return Path(env) if env and self.source == "gtsrb" else self.root
 
 
 class ModelConfig(Section):
@@ -141,7 +149,7 @@ class EvaluateConfig(Section):
     min_accuracy: float = Field(0.965, ge=0.0, le=1.0)
     """Fail the stage when the served test accuracy (original files, whole, through the server's preprocessing)
     is below this (0 disables the gate)."""
-    worst_classes: int = Field(5, ge=0, le=43)
+    worst_classes: int = Field(5, ge=0, le=256)
     """How many of the least accurate classes to report."""
     batch_size: int = Field(512, ge=1, le=65536)
 
@@ -212,7 +220,7 @@ class ServeConfig(Section):
     max_request_pixels: int = Field(64 * 1024 * 1024, ge=64)
     """All images of one request together (by their headers): more gets 413 without decoding any. Bounds a
     request's decoding time; memory is bounded by one image (each is freed before the next is decoded)."""
-    top_k: int = Field(5, ge=1, le=43)
+    top_k: int = Field(5, ge=1, le=256)
     drain_timeout_s: float = Field(10.0, ge=0.0)
     """On SIGTERM/SIGINT: how long in-flight requests may take to finish (at least 1 s)."""
     max_connections: int = Field(1024, ge=8, le=1_000_000)

@@ -44,7 +44,12 @@ def to_array(
     image: Image.Image, size: int, box: Box | None = None, margin: float = 0.1, crop: Crop = NO_CROP
 ) -> np.ndarray:
     """Crop (to `box` grown by `margin`; without a box, the whole image less the `crop` fractions) and resize
-    to size x size RGB uint8 (HWC)."""
+    to size x size RGB uint8 (HWC). Any mode becomes RGB; 16- and 32-bit grey levels are scaled to 8 bits (a
+    plain convert would clip them to white)."""
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        pixels = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if image.mode.startswith("I;16") or pixels.max(initial=0) > 255 else 255.0
+        image = Image.fromarray(np.clip(pixels * (255.0 / peak), 0, 255).round().astype(np.uint8), "L")
     image = image.convert("RGB")
     region: tuple[float, float, float, float] | None = None
     if box is not None:

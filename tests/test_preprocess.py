@@ -63,3 +63,16 @@ def test_open_image_refuses_huge_dimensions_before_decoding() -> None:
         open_image(_png_header(5000, 5000))
     with pytest.raises(BadImage):
         open_image(_png_header(100_000, 100_000))
+
+
+def test_16_bit_grey_is_scaled_to_8_bits_not_clipped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+    from PIL import Image
+
+    from pipeline.preprocess import open_image, to_array
+
+    grey = np.full((8, 8), 128 * 257, dtype=np.uint16)
+    Image.fromarray(grey).save(tmp_path / "grey16.png")
+    image = open_image(str(tmp_path / "grey16.png"))
+    assert image.mode.startswith("I")
+    assert np.abs(to_array(image, 8).astype(int) - 128).max() <= 1

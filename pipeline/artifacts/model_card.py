@@ -154,17 +154,26 @@ def render(card: ModelCard) -> str:
         "",
         "## Intended use",
         "",
-        f"- Classify a photo of one traffic sign, framed as in {d.dataset}: the sign fills most of the image. "
-        f"Without a box the server cuts {crop} (left, top, right, bottom) and resizes; with a box "
+        (
+            f"- Classify a photo of one traffic sign, framed as in {d.dataset}: the sign fills most of the image. "
+            if d.dataset == "GTSRB"
+            else f"- Classify an image into one of the {card.num_classes} classes of `{d.dataset}`, framed like its "
+            "training images. "
+        )
+        + f"Without a box the server cuts {crop} (left, top, right, bottom) and resizes; with a box "
         "(`/v1/predict` `box=`) it crops the box plus a margin.",
         "- A component for recognition research, demos and as a template for your own classifier.",
         "",
         "## Out of scope and limits",
         "",
-        f"- Not for driving decisions or anything safety-critical: {100 * (1 - e.accuracy):.2f} % of the test "
-        "images are misclassified, and it has not been tested on other countries' signs, night, rain or video.",
-        f"- It has no reject option: every image, sign or not, gets one of the {card.num_classes} classes.",
-        "- Images that show a scene rather than one sign (detection) are outside what it was trained on.",
+        f"- Not for safety-critical decisions: {100 * (1 - e.accuracy):.2f} % of the test images are misclassified"
+        + (
+            ", and it has not been tested on other countries' signs, night, rain or video."
+            if d.dataset == "GTSRB"
+            else ", and it has only been tested on the held-out images of its own data."
+        ),
+        f"- It has no reject option: every image, whatever it shows, gets one of the {card.num_classes} classes.",
+        "- Images that show a scene rather than one object (detection) are outside what it was trained on.",
         "",
         "## Training data",
         "",

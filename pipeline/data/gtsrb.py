@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
 from pipeline.preprocess import Box
 
@@ -62,15 +62,6 @@ LAYOUT_HELP = (
     "Get it with data.download: true on a machine with internet access, "
     "or point data.root (or the GTSRB_ROOT environment variable) at an existing copy"
 )
-
-
-@dataclass(frozen=True)
-class SignFile:
-    path: Path
-    label: int
-    box: Box | None  # ROI from the official CSV; None when the file has no annotation row
-    track: int  # physical sign within the class (train only; -1 for test images)
-    size: tuple[int, int] | None = None  # (width, height) from the official CSV, with the box
 
 
 Annotation = tuple[Box, int, tuple[int, int] | None]  # ROI box, ClassId, (Width, Height)
@@ -141,6 +132,11 @@ def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]
     if bad_labels:
         raise StageError(f"GTSRB {split} split under {root} has class ids outside 0..42: {bad_labels}")
     return files
+
+
+def listing(root: Path, download: bool = False) -> Listing:
+    """data.source gtsrb: the training and the official test split, 43 classes."""
+    return Listing("GTSRB", list(CLASS_NAMES), list_split(root, "train", download), list_split(root, "test", download))
 
 
 def read_test_split(root: Path) -> list[SignFile]:

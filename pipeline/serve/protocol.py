@@ -65,7 +65,7 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     images: list[str | ImageItem] = Field(min_length=1)
-    top_k: int | None = Field(None, ge=1, le=43)
+    top_k: int | None = Field(None, ge=1, le=256)
 
 
 def parse_infer_body(body: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:

@@ -14,6 +14,7 @@ outputs as they were, and nothing outside the outputs is touched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -34,7 +35,8 @@ from pipeline.artifacts.prepared import (
 )
 from pipeline.config import DataConfig, Params
 from pipeline.console import log, progress
-from pipeline.data.gtsrb import CLASS_NAMES, NUM_CLASSES, SignFile, list_split
+from pipeline.data import gtsrb
+from pipeline.data.listing import Listing, SignFile, list_csv, list_folder
 from pipeline.errors import StageError
 from pipeline.preprocess import NO_CROP, BadImage, Crop, Framing, open_image
 from pipeline.tracking import stage_run
@@ -42,24 +44,71 @@ from pipeline.tracking import stage_run
 REPORT_DIR = REPORTS_DIR / "prepare"
 
 
-def split_by_track(files: Sequence[SignFile], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices of train and val files. Whole tracks go to one side; each class gives ~val_fraction
-    of its tracks to val (at least one when it has two or more), so val is stratified by class."""
+def split_by_track(
+    files: Sequence[SignFile], val_fraction: float, seed: int, classes: Sequence[str] | None = None, what: str = "val"
+) -> tuple[list[int], list[int]]:
+    """Indices of the files that stay and of those held out. Whole groups (GTSRB tracks, a CSV's `group`; a file
+    without one is its own group) go to one side; each class gives ~`val_fraction` of its groups to the held-out
+    side, at least one, so both sides hold every class. A class with fewer than two groups cannot be on both
+    sides: a StageError names it."""
     rng = np.random.default_rng(seed)
     tracks_of_class: dict[int, list[int]] = {}
-    for f in files:
+    keys = [f.track if f.track >= 0 else -2 - i for i, f in enumerate(files)]  # no group: the file alone
+    for f, key in zip(files, keys, strict=True):
         tracks_of_class.setdefault(f.label, [])
-        if f.track not in tracks_of_class[f.label]:
-            tracks_of_class[f.label].append(f.track)
+        if key not in tracks_of_class[f.label]:
+            tracks_of_class[f.label].append(key)
+    too_small = sorted(label for label, tracks in tracks_of_class.items() if len(tracks) < 2)
+    if too_small:
+        names = ", ".join(f"{classes[label] if classes else label}" for label in too_small)
+        raise StageError(
+            f"too few images to hold out a {what} split with every class: {names} (one file or group each). "
+            "Each class needs at least two files, or groups, to be on both sides: add images or remove the class"
+        )
     val_tracks: set[tuple[int, int]] = set()
     for label in sorted(tracks_of_class):
         tracks = sorted(tracks_of_class[label])
-        n_val = max(1, round(len(tracks) * val_fraction)) if len(tracks) >= 2 else 0
-        chosen: list[int] = rng.choice(len(tracks), size=n_val, replace=False).tolist() if n_val else []
+        n_val = min(len(tracks) - 1, max(1, round(len(tracks) * val_fraction)))
+        chosen: list[int] = rng.choice(len(tracks), size=n_val, replace=False).tolist()
         val_tracks.update((label, tracks[i]) for i in chosen)
-    train_idx = [i for i, f in enumerate(files) if (f.label, f.track) not in val_tracks]
-    val_idx = [i for i, f in enumerate(files) if (f.label, f.track) in val_tracks]
+    train_idx = [i for i, f in enumerate(files) if (f.label, keys[i]) not in val_tracks]
+    val_idx = [i for i, f in enumerate(files) if (f.label, keys[i]) in val_tracks]
     return train_idx, val_idx
+
+
+def list_source(config: DataConfig) -> Listing:
+    """The files of `data.source`: every class has training files, none is only in test (listing.py checks)."""
+    root = config.resolved_root()
+    if config.source == "gtsrb":
+        log(f"prepare: reading GTSRB from {root}")
+        return gtsrb.listing(root, config.download)
+    log(f"prepare: reading {config.source} data from {root}")
+    return list_folder(root) if config.source == "folder" else list_csv(root)
+
+
+def drop_duplicates(
+    kept: Sequence[SignFile], others: Sequence[SignFile], what: str
+) -> tuple[list[SignFile], list[tuple[str, str]]]:
+    """`others` less the files whose bytes equal a file of `kept` (a test image that is also a training image
+    measures memory, not accuracy); returns the rest and (file, why) of those left out."""
+
+    def digest(path: Path) -> str | None:
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None  # unreadable: load_arrays counts it
+
+    seen = {d: f.path for f in kept if (d := digest(f.path)) is not None}
+    rest, dropped = [], []
+    for f in others:
+        twin = seen.get(digest(f.path) or "")
+        if twin is None:
+            rest.append(f)
+        else:
+            dropped.append(
+                (f"{f.path.parent.name}/{f.path.name}", f"same bytes as {twin.parent.name}/{twin.name} in {what}")
+            )
+    return rest, dropped
 
 
 def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
@@ -125,35 +174,49 @@ def build_manifest(
     config: DataConfig,
     crop: Crop = NO_CROP,
     test_originals: Sequence[Path] = (),
+    classes: Sequence[str] = gtsrb.CLASS_NAMES,
+    dataset: str = "GTSRB",
 ) -> PreparedManifest:
     train = arrays["train"].images.reshape(-1, 3).astype(np.float64) / 255.0
+    k = len(classes)
     return PreparedManifest(
-        dataset="GTSRB",
+        dataset=dataset,
         layout="images: uint8 [N, H, W, 3] RGB; labels: uint8 [N]",
         image_size=config.image_size,
         roi_margin=config.roi_margin,
-        num_classes=NUM_CLASSES,
-        classes=list(CLASS_NAMES),
+        num_classes=k,
+        classes=list(classes),
         mean=[round(float(v), 6) for v in train.mean(axis=0)],
         std=[round(float(v), 6) for v in train.std(axis=0)],
         splits={
             split: SplitInfo(
                 file=f"{split}.npz",
                 count=len(arrays[split].labels),
-                per_class=np.bincount(arrays[split].labels, minlength=NUM_CLASSES).tolist(),
+                per_class=np.bincount(arrays[split].labels, minlength=k).tolist(),
                 tracks=len(np.unique(arrays[split].tracks)) if split != "test" else None,
             )
             for split in SPLITS
         },
         bad_images=BadImages(count=len(bad), of=total, files=[name for name, _ in bad]),
         content_sha256=content_sha256(arrays),
-        test_files=[f"{prepared.TEST_FILES}/{path.name}" for path in test_originals],
+        test_files=test_file_names(test_originals),
         framing=config.framing,
         crop=crop,
     )
 
 
-def write_reports(manifest: PreparedManifest, bad: list[tuple[str, str]], report_dir: Path) -> dict[str, float]:
+def test_file_names(paths: Sequence[Path]) -> list[str]:
+    """Names of the kept original test files under data/prepared/: the file names when they are unique (GTSRB),
+    else prefixed with their position (class folders often reuse names such as 1.png)."""
+    names = [path.name for path in paths]
+    if len(set(names)) != len(names):
+        names = [f"{i:05d}-{name}" for i, name in enumerate(names)]
+    return [f"{prepared.TEST_FILES}/{name}" for name in names]
+
+
+def write_reports(
+    manifest: PreparedManifest, bad: list[tuple[str, str]], report_dir: Path, left_out: Sequence[tuple[str, str]] = ()
+) -> dict[str, float]:
     report_dir.mkdir(parents=True, exist_ok=True)
     splits = manifest.splits
     total = sum(splits[s].count for s in SPLITS) + len(bad)
@@ -162,23 +225,36 @@ def write_reports(manifest: PreparedManifest, bad: list[tuple[str, str]], report
     metrics["bad_fraction"] = round(len(bad) / total, 6) if total else 0.0
     (report_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     lines = ["class,name,train,val,test"]
-    for c in range(NUM_CLASSES):
+    for c, name in enumerate(manifest.classes):
         counts = ",".join(str(splits[s].per_class[c]) for s in SPLITS)
-        lines.append(f'{c},"{CLASS_NAMES[c]}",{counts}')
+        lines.append(f'{c},"{name.replace(chr(34), chr(39))}",{counts}')
     (report_dir / "class_distribution.csv").write_text("\n".join(lines) + "\n")
     (report_dir / "bad_images.txt").write_text("".join(f"{name}\t{why}\n" for name, why in bad))
+    # Left out before decoding: not image files, outside the data folder, duplicates across splits.
+    metrics["left_out_files"] = float(len(left_out))
+    (report_dir / "left_out.txt").write_text("".join(f"{name}\t{why}\n" for name, why in left_out))
     return metrics
 
 
 def run(params: Params) -> None:
     config = params.data
-    root = config.resolved_root()
     with stage_run("prepare", params.tracking, {"data": config.model_dump(mode="json")}) as tracker:
-        log(f"prepare: reading GTSRB from {root}")
-        train_files = list_split(root, "train", config.download)
-        test_files = list_split(root, "test", config.download)
-        train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed)
-        crop = served_crop([train_files[i] for i in train_idx], config)
+        listing = list_source(config)
+        for name, why in listing.ignored[:20]:
+            log(f"prepare: left out {name}: {why}")
+        if listing.test is None:  # no test split in the data: hold one out, by group, stratified by class
+            rest, held = split_by_track(listing.train, config.test_fraction, config.seed + 1, listing.classes, "test")
+            train_files, test_files = [listing.train[i] for i in rest], [listing.train[i] for i in held]
+        else:
+            train_files, test_files = listing.train, listing.test
+        train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed, listing.classes)
+        fit = [train_files[i] for i in train_idx]
+        val, dropped = drop_duplicates(fit, [train_files[i] for i in val_idx], "the training split")
+        test_files, dropped_test = drop_duplicates(fit + val, test_files, "the training or validation split")
+        dropped += dropped_test
+        for name, why in dropped[:20]:
+            log(f"prepare: left out {name}: {why}")
+        crop = served_crop(fit, config)
         framing = Framing(config.image_size, config.roi_margin, crop)
         log(f"prepare: served framing: whole image less {crop} (left, top, right, bottom); train/val: {config.framing}")
 
@@ -186,15 +262,11 @@ def run(params: Params) -> None:
         bad: list[tuple[str, str]] = []
         kept: dict[str, list[Path]] = {}
         roi_train = config.framing == "roi"
-        for split, files, use_box in (
-            ("train", [train_files[i] for i in train_idx], roi_train),
-            ("val", [train_files[i] for i in val_idx], roi_train),
-            ("test", test_files, True),
-        ):
+        for split, files, use_box in (("train", fit, roi_train), ("val", val, roi_train), ("test", test_files, True)):
             arrays[split], split_bad, kept[split] = load_arrays(files, framing, use_box, f"prepare {split}")
             bad += split_bad
 
-        total = len(train_files) + len(test_files)
+        total = len(fit) + len(val) + len(test_files)
         for name, why in bad[:20]:
             log(f"prepare: skipped {name}: {why}")
         if len(bad) > config.max_bad_fraction * total:
@@ -208,9 +280,9 @@ def run(params: Params) -> None:
                 raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
 
         # The test split's original files go along: evaluate measures what the server is sent (whole images).
-        manifest = build_manifest(arrays, bad, total, config, crop, kept["test"])
+        manifest = build_manifest(arrays, bad, total, config, crop, kept["test"], listing.classes, listing.dataset)
         prepared.write(arrays, manifest, PREPARED_DIR, kept["test"])
-        metrics = write_reports(manifest, bad, REPORT_DIR)
+        metrics = write_reports(manifest, bad, REPORT_DIR, listing.ignored + dropped)
         tracker.log_metrics(metrics)
         tracker.log_artifact(PREPARED_DIR / prepared.MANIFEST_FILE)
         tracker.log_artifact(REPORT_DIR / "class_distribution.csv")
