@@ -160,8 +160,12 @@ def render(card: ModelCard) -> str:
             else f"- Classify an image into one of the {card.num_classes} classes of `{d.dataset}`, framed like its "
             "training images. "
         )
-        + f"Without a box the server cuts {crop} (left, top, right, bottom) and resizes; with a box "
-        "(`/v1/predict` `box=`) it crops the box plus a margin.",
+        + (
+            f"Without a box the server cuts {crop} (left, top, right, bottom) and resizes; with a box "
+            if any(d.crop)
+            else "Without a box the server resizes the whole image; with a box "
+        )
+        + "(`/v1/predict` `box=`) it crops the box plus a margin.",
         "- A component for recognition research, demos and as a template for your own classifier.",
         "",
         "## Out of scope and limits",

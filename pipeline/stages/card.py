@@ -146,11 +146,9 @@ def _validation(prepared: PreparedManifest) -> str:
     if val is None:
         return "none"
     if val.tracks:
-        return (
-            f"{val.tracks} tracks (physical signs, {val.count:,} images) held out whole: no sign is in both "
-            "training and validation"
-        )
-    return f"{val.count:,} images held out by file"
+        what = "tracks (physical signs" if prepared.dataset == "GTSRB" else "groups (objects"
+        return f"{val.tracks} {what}, {val.count:,} images) held out whole: none is in both training and validation"
+    return f"{val.count:,} images held out by file, stratified by class"
 
 
 def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any]) -> model_card.ShippedFacts:

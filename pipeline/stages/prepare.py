@@ -193,7 +193,10 @@ def build_manifest(
                 file=f"{split}.npz",
                 count=len(arrays[split].labels),
                 per_class=np.bincount(arrays[split].labels, minlength=k).tolist(),
-                tracks=len(np.unique(arrays[split].tracks)) if split != "test" else None,
+                # groups only where the data has them (GTSRB tracks, a CSV's group); files alone count none
+                tracks=len(np.unique(arrays[split].tracks))
+                if split != "test" and (arrays[split].tracks >= 0).any()
+                else None,
             )
             for split in SPLITS
         },
