@@ -1,20 +1,31 @@
-"""MLflow tracking shared by every stage: one run per stage execution.
+"""MLflow tracking shared by every stage: one parent run per pipeline execution, one nested run per stage.
 
-The store is an embedded sqlite file by default (`tracking.uri`); $MLFLOW_TRACKING_URI points it at a
-server instead. MLflow is imported lazily: it is slow to import and most commands need it once.
+The parent is what the MLflow UI compares: it is named after the DVC experiment (`dvc exp run` sets
+$DVC_EXP_NAME), else the commit (and `-dirty`), and found again by a tag that also holds a digest of the params,
+so every stage of one execution joins it, from its own process, after a kill, or when one stage is rerun. It
+carries every param (`section.key`) and the headline metrics as the stages produce them (names in
+HEADLINE_METRICS, stable for saved views and `mlflow.search_runs`), the dataset as an MLflow dataset input
+(digest = the prepared data's checksum), and each stage's wall time (`stage_seconds.<stage>`).
+
+The store is an embedded sqlite file by default (`tracking.uri`, relative to the project: under `dvc exp run
+--temp` or a queued experiment, to the main workspace, $DVC_ROOT); $MLFLOW_TRACKING_URI points it at a server
+instead. MLflow is imported lazily: it is slow to import and most commands need it once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TrackingConfig
+from pipeline.config import Params, TrackingConfig
 
 
 def tracking_uri(config: TrackingConfig) -> str:
@@ -23,8 +34,49 @@ def tracking_uri(config: TrackingConfig) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or config.uri
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
-        uri = prefix + str(Path.cwd() / uri[len(prefix) :])
+        # DVC runs queued and --temp experiments in a copy of the repo: their runs belong in the workspace's store.
+        base = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+        uri = prefix + str(base / uri[len(prefix) :])
     return uri
+
+
+EXECUTION_TAG = "pipeline.execution"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI's model-training view
+HEADLINE_METRICS = (
+    "val_accuracy",  # train: the last epoch's validation accuracy
+    "test_accuracy",  # evaluate: on the test split's original files as served (the gate)
+    "test_roi_accuracy",  # evaluate: the ROI protocol
+    "test_macro_f1",
+    "served_accuracy",  # benchmark: the served variant on the served input
+    "served_throughput_b32",  # benchmark: images/s at batch 32 of the served variant
+    "speedup_b32_vs_default_eager",  # ... against PyTorch's default eager fp32, same run
+    "served_p50_ms",
+    "served_p99_ms",
+    "served_size_bytes",
+)
+
+
+def git_dirty() -> bool:
+    try:  # what the stages write themselves (dvc.lock, committed metrics) does not make the code dirty
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!dvc.lock", ":!reports"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def execution(params: Params) -> tuple[str, str]:
+    """(key, display name) of the pipeline execution these params belong to."""
+    digest = hashlib.sha256(json.dumps(params.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:10]
+    experiment = os.environ.get("DVC_EXP_NAME")
+    if experiment:
+        return f"exp:{experiment}:{digest}", experiment
+    commit = git_commit()[:10]
+    return f"run:{commit}:{digest}", f"{commit}{'-dirty' if git_dirty() else ''} {digest[:6]}"
 
 
 def git_commit() -> str:
@@ -48,8 +100,42 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
 class StageRun:
     """What a stage may log; every method is a no-op when tracking is disabled."""
 
-    def __init__(self, mlflow_module: Any | None) -> None:
+    def __init__(self, mlflow_module: Any | None, client: Any | None = None, parent_id: str | None = None) -> None:
         self._mlflow = mlflow_module
+        self._client = client
+        self.parent_id = parent_id
+
+    def log_headline(self, metrics: Mapping[str, float], here: bool = True) -> None:
+        """Metrics of this stage that also go on the pipeline's parent run (names from HEADLINE_METRICS); `here`
+        False when this run already has them (e.g. per epoch)."""
+        unknown = set(metrics) - set(HEADLINE_METRICS)
+        if unknown:
+            raise ValueError(f"not headline metrics: {sorted(unknown)}")
+        if here:
+            self.log_metrics(metrics)
+        if self._client is not None and self.parent_id:
+            for key, value in metrics.items():
+                self._client.log_metric(self.parent_id, key, float(value))
+
+    def log_dataset(self, name: str, source: Path, digest: str, counts: Mapping[str, int], context: str) -> None:
+        """The data this run saw, as an MLflow dataset input (the UI's Dataset column), here and on the parent."""
+        if self._mlflow is None:
+            return
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(
+            name=name,
+            digest=digest[:36],
+            source_type="local",
+            source=json.dumps({"uri": str(source.resolve())}),
+            profile=json.dumps({"num_rows": sum(counts.values()), **counts}),
+        )
+        entry = DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
+        run_id = self.run_id
+        if self._client is not None:
+            for target in (run_id, self.parent_id):
+                if target:
+                    self._client.log_inputs(target, datasets=[entry])
 
     @property
     def active(self) -> bool:
@@ -81,18 +167,25 @@ class StageRun:
 
 @contextmanager
 def stage_run(
-    stage: str, config: TrackingConfig, params: Mapping[str, Any] | None = None, system_metrics: bool = False
+    stage: str, params: Params, logged: Mapping[str, Any] | None = None, system_metrics: bool = False
 ) -> Iterator[StageRun]:
-    """Open one MLflow run named after the stage, tagged with the environment it ran in."""
+    """Open the stage's MLflow run (its own params: `logged`), nested under the pipeline execution's parent run."""
+    config = params.tracking
     if not config.enabled:
         yield StageRun(None)
         return
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(config))
-    mlflow.set_experiment(config.experiment)
-    with mlflow.start_run(run_name=stage, log_system_metrics=system_metrics):
-        run = StageRun(mlflow)
+    uri = tracking_uri(config)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.set_experiment(config.experiment)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    if experiment.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+        client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+    parent_id = _parent_run(client, experiment.experiment_id, params)
+    started = time.perf_counter()
+    with mlflow.start_run(run_name=stage, tags={"mlflow.parentRunId": parent_id}, log_system_metrics=system_metrics):
+        run = StageRun(mlflow, client, parent_id)
         run.set_tags(
             {
                 "stage": stage,
@@ -101,9 +194,36 @@ def stage_run(
                 "machine": platform.machine(),
             }
         )
-        if params:
-            run.log_params(flatten("", params))
-        yield run
+        if logged:
+            run.log_params(flatten("", logged))
+        try:
+            yield run
+        finally:
+            client.log_metric(parent_id, f"stage_seconds.{stage}", time.perf_counter() - started)
+            client.set_tag(parent_id, "last_stage", stage)
+            client.set_terminated(parent_id, "FINISHED")
+
+
+def _parent_run(client: Any, experiment_id: str, params: Params) -> str:
+    """The execution's parent run: found by its tag, else created with every param."""
+    from mlflow.entities import Param
+
+    key, name = execution(params)
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{EXECUTION_TAG}` = '{key}'", max_results=1, order_by=["start_time ASC"]
+    )
+    if found:
+        run_id: str = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    tags = {EXECUTION_TAG: key, "git_commit": git_commit(), "mlflow.runName": name}
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+    run = client.create_run(experiment_id, run_name=name, tags=tags)
+    flat = [Param(k, str(v)[:6000]) for k, v in flatten("", params.model_dump(mode="json")).items()]
+    for start in range(0, len(flat), 100):  # the store takes at most 100 params per batch
+        client.log_batch(run.info.run_id, params=flat[start : start + 100])
+    return str(run.info.run_id)
 
 
 def metrics_logger(config: TrackingConfig, run_id: str | None) -> Callable[[Mapping[str, float], int], None]:

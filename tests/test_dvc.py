@@ -254,3 +254,73 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
         server.stop()
     print(f"digits: served accuracy {evaluation['accuracy']:.4f} (evaluate), {accuracy:.4f} through the server "
           f"on {len(files)} held-out files; deploy: {deployed}")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_dvc_experiments_are_two_parent_runs_on_a_real_mlflow_server(
+    project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """`dvc exp run card` twice (the experiment target that needs no Docker engine), tracked by a real `mlflow
+    server` on loopback: one parent run per experiment, named after it, with every stage nested, every param,
+    the headline metrics rolled up, and the dataset input whose digest is the prepared data's checksum."""
+    import time
+
+    import httpx
+    from mlflow import MlflowClient
+
+    from pipeline.ports import free_port
+
+    work, env = project
+    _tiny_pipeline_params(work)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["tracking"]["enabled"] = True
+    params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
+            time.sleep(0.5)
+        env = dict(env, MLFLOW_TRACKING_URI=uri, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
+                   GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")  # fmt: skip
+        _run(["git", "add", "-A"], work, env)
+        _run(["git", "commit", "-qm", "baseline"], work, env)
+        dvc = [sys.executable, "-m", "dvc"]
+        for epochs, name in ((2, "short"), (3, "longer")):
+            _run([*dvc, "exp", "run", "card", "-n", name, "-S", f"train.epochs={epochs}"], work, env)
+        shown = _run([*dvc, "exp", "show", "--json"], work, env)
+        assert '"short"' in shown and '"longer"' in shown
+
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(params["tracking"]["experiment"])
+        assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
+        runs = client.search_runs([experiment.experiment_id], max_results=100)
+        parents = {r.info.run_name: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+        assert set(parents) == {"short", "longer"}, [r.info.run_name for r in runs]
+        checksum = yaml.safe_load((work / "data/prepared/manifest.json").read_text())["content_sha256"]
+        for name, epochs in (("short", "2"), ("longer", "3")):
+            parent = parents[name]
+            children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+            assert {"train", "evaluate", "optimize", "benchmark", "card"} <= children, (name, children)
+            assert parent.data.params["train.epochs"] == epochs and "data.image_size" in parent.data.params
+            for metric in ("val_accuracy", "test_accuracy", "test_roi_accuracy", "served_throughput_b32",
+                           "speedup_b32_vs_default_eager", "served_p99_ms", "stage_seconds.train"):  # fmt: skip
+                assert metric in parent.data.metrics, (name, metric, sorted(parent.data.metrics))
+            digests = {d.dataset.digest for d in parent.inputs.dataset_inputs}
+            assert digests == {checksum[:36]}, digests
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)

@@ -404,7 +404,7 @@ def run(params: Params) -> None:
     setups, results = plan(manifest, machine, config)
     if not setups:
         raise StageError("no variant/backend combination to benchmark (check benchmark.backends)")
-    with stage_run("benchmark", params.tracking, {"benchmark": config.model_dump(mode="json")}) as tracker:
+    with stage_run("benchmark", params, {"benchmark": config.model_dump(mode="json")}) as tracker:
         began = time.perf_counter()
         steps = Steps("benchmark", len(setups))
         for setup in setups:
@@ -452,10 +452,37 @@ def run(params: Params) -> None:
         for name in ("report.json", "table.md", "throughput.png", "profile.txt"):
             tracker.log_artifact(REPORT_DIR / name)
         tracker.set_tags({"chosen": chosen.setup.label, "champion_version": str(version)})
+        tracker.log_headline(served_headline(report, manifest, chosen))
         log(
             f"benchmark: serving {chosen.setup.label}"
             + (f" (registry version {version} is champion)" if version else "")
         )
+
+
+def served_headline(report: dict[str, Any], manifest: Any, chosen: Result) -> dict[str, float]:
+    """The served setup's figures for the pipeline's parent run (tracking.HEADLINE_METRICS)."""
+    m = chosen.metrics
+    out = {
+        "served_throughput_b32": m["throughput_b32"],
+        "served_p50_ms": m["p50_ms"],
+        "served_p99_ms": m["p99_ms"],
+        "served_size_bytes": float(next(v.size_bytes for v in manifest.variants if v.name == chosen.setup.variant)),
+    }
+    if report.get("chosen_served_accuracy") is not None:
+        out["served_accuracy"] = float(report["chosen_served_accuracy"])
+    default = next(
+        (
+            r
+            for r in report["results"]
+            if r["status"] == "ok"
+            and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"], r["setup"]["threads"])
+            == ("fp32", "torch-eager", "onednn-on", 0)
+        ),
+        None,
+    )
+    if default:  # PyTorch's default eager (oneDNN on, all threads): what users would otherwise run
+        out["speedup_b32_vs_default_eager"] = m["throughput_b32"] / default["metrics"]["throughput_b32"]
+    return out
 
 
 def compare(paths: Sequence[Path], batch: int = 32) -> str:

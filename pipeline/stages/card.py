@@ -49,7 +49,7 @@ def run(params: Params) -> None:
     report = benchmark_report.read()
     card = build(params, prepared, evaluation, predictions, manifest, choice, report.model_dump())
     path = model_card.write(card)
-    with stage_run("card", params.tracking) as mlrun:
+    with stage_run("card", params) as mlrun:
         mlrun.log_artifact(path, "model_card")
         mlrun.log_artifact(model_card.FACTS_PATH, "model_card")
     e = card.evaluation

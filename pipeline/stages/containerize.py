@@ -196,6 +196,6 @@ def _track(params: Params, report: image_file.ImageRecord) -> None:
         return
     from pipeline.tracking import stage_run
 
-    with stage_run("containerize", params.tracking, {"containerize": params.containerize.model_dump()}) as mlrun:
+    with stage_run("containerize", params, {"containerize": params.containerize.model_dump()}) as mlrun:
         mlrun.log_metrics({"image_size_mb": report.size_mb, "build_seconds": report.build_seconds})
         mlrun.set_tags({"image": report.tag, "image_id": report.id, "model_version": report.model_version})

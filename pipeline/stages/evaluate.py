@@ -169,7 +169,7 @@ def run(params: Params) -> None:
     classes = list(payload.get("classes") or manifest.classes)
     if len(test) and int(test.labels.max()) >= len(classes):
         raise StageError(f"{PREPARED_DIR / 'test.npz'} has labels beyond the model's {len(classes)} classes")
-    with stage_run("evaluate", params.tracking, {"evaluate": cfg.model_dump(), "model": payload["arch"]}) as mlrun:
+    with stage_run("evaluate", params, {"evaluate": cfg.model_dump(), "model": payload["arch"]}) as mlrun:
         mlrun.set_tags({"torch": torch.__version__})
         preds = predict(model, test.images, cfg.batch_size)
         labels = test.labels.numpy()
@@ -185,12 +185,23 @@ def run(params: Params) -> None:
                 served_predicted=[] if served is None else served.tolist(),
             )
         )
-        mlrun.log_metrics(
+        mlrun.log_dataset(
+            manifest.dataset,
+            PREPARED_DIR,
+            manifest.content_sha256,
+            {s: info.count for s, info in manifest.splits.items()},
+            "evaluation",
+        )
+        mlrun.log_headline(
             {
                 "test_accuracy": metrics["accuracy"],
-                "test_macro_f1": metrics["macro_f1"],
-                "test_errors": metrics["errors"],
                 "test_roi_accuracy": metrics["roi_accuracy"],
+                "test_macro_f1": metrics["macro_f1"],
+            }
+        )
+        mlrun.log_metrics(
+            {
+                "test_errors": metrics["errors"],
                 **({"whole_vs_roi_gap_points": metrics["whole_vs_roi_gap_points"]} if served is not None else {}),
             }
         )

@@ -81,7 +81,7 @@ def run(params: Params) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     opt = Optimizer(params, staging, prepared)
-    with stage_run("optimize", params.tracking, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
+    with stage_run("optimize", params, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
         mlrun.set_tags({"machine": platform.machine(), "torch": torch.__version__})
         opt.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
         # Ship: only accepted files move into models/variants/, then the manifest naming them is written.

@@ -241,7 +241,7 @@ def write_reports(
 
 def run(params: Params) -> None:
     config = params.data
-    with stage_run("prepare", params.tracking, {"data": config.model_dump(mode="json")}) as tracker:
+    with stage_run("prepare", params, {"data": config.model_dump(mode="json")}) as tracker:
         listing = list_source(config)
         for name, why in listing.ignored[:20]:
             log(f"prepare: left out {name}: {why}")

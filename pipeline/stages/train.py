@@ -351,8 +351,9 @@ def run(params: Params) -> None:
     resume = _find_resume(params, manifest, main=True)
     retire_other_runs(run_checkpoints(params, manifest), main=True)
     wall = time.perf_counter()
-    with stage_run("train", params.tracking, _tracked_params(params), system_metrics=True) as mlrun:
+    with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
         mlrun.set_tags(_environment(params, world))
+        _log_dataset(mlrun, manifest)
         if resume is not None:
             mlrun.set_tags({"resumed_from": str(resume.folder)})
         if world == 1:
@@ -366,11 +367,17 @@ def run(params: Params) -> None:
         _finish(mlrun, summary, wall)
 
 
+def _log_dataset(mlrun: Any, manifest: PreparedManifest) -> None:
+    counts = {split: info.count for split, info in manifest.splits.items()}
+    mlrun.log_dataset(manifest.dataset, PREPARED_DIR, manifest.content_sha256, counts, "training")
+
+
 def _finish(mlrun: Any, summary: dict[str, Any], wall: float) -> None:
     """Reports, final metrics and artifacts of the stage's MLflow run, and the closing log line."""
     summary["wall_seconds"] = time.perf_counter() - wall
     write_reports(summary)
     mlrun.log_metrics({"final_val_accuracy": summary["val_accuracy"], "train_seconds": summary["train_seconds"]})
+    mlrun.log_headline({"val_accuracy": summary["val_accuracy"]}, here=False)  # this run has it per epoch
     for path in (TRAIN_REPORTS / "metrics.json", TRAIN_REPORTS / "history.csv", TRAIN_REPORTS / "curves.png"):
         mlrun.log_artifact(path, "reports")
     mlrun.log_artifact(model_file.MODEL_PATH, "model")
@@ -393,8 +400,9 @@ def _run_torchrun(params: Params, rank: int, world: int) -> None:
             worker(rank, world, params, resume, _no_log)
             return
         wall = time.perf_counter()
-        with stage_run("train", params.tracking, _tracked_params(params), system_metrics=True) as mlrun:
+        with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
             mlrun.set_tags(_environment(params, world))
+            _log_dataset(mlrun, manifest)
             if resume is not None:
                 mlrun.set_tags({"resumed_from": str(resume.folder)})
             summary = worker(rank, world, params, resume, mlrun.log_metrics)

@@ -99,8 +99,9 @@ def test_prepare_logs_to_mlflow(synthetic_gtsrb: Path, workdir: Path) -> None:
     prepare.run(make_params(synthetic_gtsrb, tracking=True))
     mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["gtsrb"], output_format="list")
-    assert len(runs) == 1
-    run = runs[0]
+    (run,) = [r for r in runs if r.data.tags.get("stage") == "prepare"]
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and len(runs) == 2
     assert run.data.tags["stage"] == "prepare" and run.data.params["data.image_size"] == "32"
     assert run.data.metrics["test_images"] == 86
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}

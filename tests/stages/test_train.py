@@ -80,8 +80,17 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    (run,) = [r for r in runs if r.data.tags.get("stage") == "train"]
+    (parent,) = [r for r in runs if r.info.run_id == run.data.tags["mlflow.parentRunId"]]
     assert run.data.params["train.epochs"] == "2"
+    # The pipeline's parent run: every param, the headline metric, the data it saw.
+    assert parent.data.params["train.epochs"] == "2" and "data.image_size" in parent.data.params
+    assert (
+        parent.data.metrics["val_accuracy"] == metrics["val_accuracy"] and "stage_seconds.train" in parent.data.metrics
+    )
+    prepared = json.loads((project / "data/prepared/manifest.json").read_text())
+    assert [d.dataset.digest for d in parent.inputs.dataset_inputs] == [prepared["content_sha256"][:36]]
     assert run.data.tags["device"] == "cpu" and run.data.tags["torch"] == torch.__version__
     assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 2
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
@@ -90,6 +99,12 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
     result = CliRunner().invoke(app, ["evaluate", "-p", "params.yaml"])
     assert result.exit_code == 0, result.output
     assert (project / "reports/evaluate/metrics.json").exists()
+    # evaluate, a separate command, joined the same parent and rolled its headline up to it.
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert len([r for r in runs if "mlflow.parentRunId" not in r.data.tags]) == 1
+    (evaluated,) = [r for r in runs if r.data.tags.get("stage") == "evaluate"]
+    assert evaluated.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert "test_accuracy" in client.get_run(parent.info.run_id).data.metrics
 
 
 def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(project: Path, tmp_path: Path) -> None:
