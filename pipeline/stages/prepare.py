@@ -281,6 +281,10 @@ def run(params: Params) -> None:
         for split in SPLITS:
             if len(arrays[split].labels) == 0:
                 raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
+            missing = sorted(set(range(len(listing.classes))) - set(arrays[split].labels.tolist()))
+            if missing:  # its only files there were unreadable or duplicates: said, not fatal
+                names = ", ".join(listing.classes[c] for c in missing[:10])
+                log(f"prepare: the {split} split has no readable image of {len(missing)} class(es): {names}")
 
         # The test split's original files go along: evaluate measures what the server is sent (whole images).
         manifest = build_manifest(arrays, bad, total, config, crop, kept["test"], listing.classes, listing.dataset)

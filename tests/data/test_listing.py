@@ -118,15 +118,18 @@ def test_prepare_on_a_folder_of_mixed_images(tmp_path: Path, workdir: Path) -> N
         _image(root / "fish" / f"mode-{mode.replace(';', '')}.png", COLOURS["fish"], mode)
     _image(root / "cat" / "photo.jpg", COLOURS["cat"], "CMYK")
     (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    Image.new("1", (5000, 5000)).save(root / "cat" / "huge.png")  # 25 MP in a few KB: refused by its header
     (root / "dog" / "copy-of-0.png").write_bytes((root / "dog" / "0.png").read_bytes())
-    prepare.run(make_params(root, source="folder", image_size=16, max_bad_fraction=0.05, test_fraction=0.3))
+    prepare.run(make_params(root, source="folder", image_size=16, max_bad_fraction=0.1, test_fraction=0.3))
 
     manifest = json.loads(Path("data/prepared/manifest.json").read_text())
     assert manifest["dataset"] == "pets" and manifest["classes"] == ["cat", "dog", "fish"]
     assert manifest["num_classes"] == 3 and manifest["crop"] == [0.0, 0.0, 0.0, 0.0]  # no boxes: whole images
-    for split in ("train", "val", "test"):
-        assert all(n > 0 for n in manifest["splits"][split]["per_class"]), split
-    assert manifest["bad_images"]["count"] == 1 and manifest["bad_images"]["files"] == ["dog/broken.png"]
+    assert all(n > 0 for n in manifest["splits"]["train"]["per_class"])
+    assert sum(manifest["splits"]["val"]["per_class"]) > 0 and sum(manifest["splits"]["test"]["per_class"]) > 0
+    assert sorted(manifest["bad_images"]["files"]) == ["cat/huge.png", "dog/broken.png"]
+    reasons = dict(line.split("\t") for line in Path("reports/prepare/bad_images.txt").read_text().splitlines())
+    assert "larger than" in reasons["cat/huge.png"] and "decode" in reasons["dog/broken.png"]
     left_out = Path("reports/prepare/left_out.txt").read_text()
     duplicates = [line for line in left_out.splitlines() if "same bytes as" in line]
     assert len(duplicates) <= 1  # the copy and its original on different sides: the later one left out
