@@ -4,6 +4,7 @@ benchmark stage and read by `pipeline compare` (the workflows' x86-vs-Arm table)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,20 @@ class BenchmarkReport(BaseModel):
     results: list[dict[str, Any]]
     """One entry per setup: {setup: {variant, backend, setting, threads}, status, error, metrics}."""
     chosen: dict[str, Any] | None = None
+
+
+# PyTorch's default: fp32 eager, oneDNN on, all threads. What users would otherwise run; the speed-ups that the
+# card and the MLflow parent run quote are against it.
+DEFAULT_EAGER = ("fp32", "torch-eager", "onednn-on", 0)
+
+
+def default_eager(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The successful DEFAULT_EAGER result among a report's results, if it was measured."""
+    for r in results:
+        s = r["setup"]
+        if r.get("status") == "ok" and (s["variant"], s["backend"], s["setting"], s["threads"]) == DEFAULT_EAGER:
+            return r
+    return None
 
 
 def write(report: dict[str, Any], path: Path = REPORT_PATH) -> Path:

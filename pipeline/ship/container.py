@@ -91,7 +91,7 @@ def push(engine: eng.Engine, local_ref: str, remote: str) -> str:
 
     def on_line(line: str) -> None:  # the engine's progress, condensed: one line per layer, none per byte
         nonlocal layers
-        if line.endswith((": Pushed", ": Layer already exists", ": Mounted from")) or ": Mounted from " in line:
+        if line.endswith((": Pushed", ": Layer already exists")) or ": Mounted from " in line:
             layers += 1
             log(f"deploy: push {remote}: layer {layers} {line.split(': ', 1)[1].lower()} ({line.split(':')[0]})")
 

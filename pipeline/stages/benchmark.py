@@ -470,16 +470,7 @@ def served_headline(report: dict[str, Any], manifest: Any, chosen: Result) -> di
     }
     if report.get("chosen_served_accuracy") is not None:
         out["served_accuracy"] = float(report["chosen_served_accuracy"])
-    default = next(
-        (
-            r
-            for r in report["results"]
-            if r["status"] == "ok"
-            and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"], r["setup"]["threads"])
-            == ("fp32", "torch-eager", "onednn-on", 0)
-        ),
-        None,
-    )
+    default = benchmark_report.default_eager(report["results"])
     if default:  # PyTorch's default eager (oneDNN on, all threads): what users would otherwise run
         out["speedup_b32_vs_default_eager"] = m["throughput_b32"] / default["metrics"]["throughput_b32"]
     return out

@@ -31,8 +31,6 @@ from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.tracking import stage_run
 
-# PyTorch's default: what a user runs without this pipeline (the speed-up the card quotes is against it).
-DEFAULT_EAGER = ("fp32", "torch-eager", "onednn-on", 0)
 EXAMPLES_PER_CONFUSION = 3
 CONFUSIONS_PER_CLASS = 3
 SMALL_QUANTILE = 0.25
@@ -153,16 +151,7 @@ def _validation(prepared: PreparedManifest) -> str:
 
 def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any]) -> model_card.ShippedFacts:
     m = choice.metrics
-    default = next(
-        (
-            r
-            for r in report.get("results", [])
-            if r.get("status") == "ok"
-            and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"], r["setup"]["threads"])
-            == DEFAULT_EAGER
-        ),
-        None,
-    )
+    default = benchmark_report.default_eager(report.get("results", []))
     speedup = (
         round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
         if default and "throughput_b32" in m

@@ -87,28 +87,37 @@ def list_source(config: DataConfig) -> Listing:
 
 
 def drop_duplicates(
-    kept: Sequence[SignFile], others: Sequence[SignFile], what: str
-) -> tuple[list[SignFile], list[tuple[str, str]]]:
-    """`others` less the files whose bytes equal a file of `kept` (a test image that is also a training image
-    measures memory, not accuracy); returns the rest and (file, why) of those left out."""
+    fit: Sequence[SignFile], val: Sequence[SignFile], test: Sequence[SignFile]
+) -> tuple[list[SignFile], list[SignFile], list[tuple[str, str]]]:
+    """val less the files whose bytes equal a training file, test less those equal to a training or validation
+    file (a test image that is also a training image measures memory, not accuracy); each file is read once.
+    Returns val, test and (file, why) of those left out."""
+    seen: dict[str, tuple[Path, str]] = {}  # digest -> the first file with it, and its split
+    dropped: list[tuple[str, str]] = []
 
-    def digest(path: Path) -> str | None:
+    def keep(f: SignFile, split: str) -> bool:
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest()
+            digest = hashlib.sha256(f.path.read_bytes()).hexdigest()
         except OSError:
-            return None  # unreadable: load_arrays counts it
-
-    seen = {d: f.path for f in kept if (d := digest(f.path)) is not None}
-    rest, dropped = [], []
-    for f in others:
-        twin = seen.get(digest(f.path) or "")
-        if twin is None:
-            rest.append(f)
-        else:
+            return True  # unreadable: load_arrays counts it
+        twin = seen.get(digest)
+        if twin is not None and twin[1] != split:
+            where = "the training split" if twin[1] == "train" else "the validation split"
             dropped.append(
-                (f"{f.path.parent.name}/{f.path.name}", f"same bytes as {twin.parent.name}/{twin.name} in {what}")
+                (
+                    f"{f.path.parent.name}/{f.path.name}",
+                    f"same bytes as {twin[0].parent.name}/{twin[0].name} in {where}",
+                )
             )
-    return rest, dropped
+            return False
+        seen.setdefault(digest, (f.path, split))
+        return True
+
+    for f in fit:
+        keep(f, "train")
+    kept_val = [f for f in val if keep(f, "val")]
+    kept_test = [f for f in test if keep(f, "test")]
+    return kept_val, kept_test, dropped
 
 
 def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
@@ -252,9 +261,7 @@ def run(params: Params) -> None:
             train_files, test_files = listing.train, listing.test
         train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed, listing.classes)
         fit = [train_files[i] for i in train_idx]
-        val, dropped = drop_duplicates(fit, [train_files[i] for i in val_idx], "the training split")
-        test_files, dropped_test = drop_duplicates(fit + val, test_files, "the training or validation split")
-        dropped += dropped_test
+        val, test_files, dropped = drop_duplicates(fit, [train_files[i] for i in val_idx], test_files)
         for name, why in dropped[:20]:
             log(f"prepare: left out {name}: {why}")
         crop = served_crop(fit, config)
