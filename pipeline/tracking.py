@@ -240,3 +240,40 @@ def metrics_logger(config: TrackingConfig, run_id: str | None) -> Callable[[Mapp
             client.log_metric(run_id, key, float(value), step=step)
 
     return log
+
+
+MODEL_DEFINITION = Path(__file__).with_name("mlflow_model.py")  # models-from-code: loading imports, never unpickles
+
+
+def log_variant_model(models_dir: Path, variant: Any, example: bytes, metadata: Mapping[str, Any]) -> Any:
+    """Log shipped `variant` (a manifest Variant) of `models_dir` as an MLflow model of the active run, defined by
+    pipeline/mlflow_model.py: the registry's model classifies image files as the server does. Returns mlflow's
+    ModelInfo (`model_uri`, `model_id`)."""
+    import shutil
+    import tempfile
+    from importlib.metadata import version
+
+    import mlflow
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    runtimes = ("onnxruntime",) if variant.runtimes[0] == "onnxruntime" else ("torch", "torchao")
+    requirements = [f"{n}=={version(n)}" for n in ("numpy", "pillow", "pandas", "pydantic", "pyyaml", *runtimes)]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "models"  # the manifest and this one variant file, at the manifest's relative path
+        (folder / variant.file).parent.mkdir(parents=True)
+        shutil.copy2(models_dir / variant.file, folder / variant.file)
+        shutil.copy2(models_dir / "manifest.json", folder / "manifest.json")
+        example_input = pd.DataFrame({"image": [example]})
+        example_output = pd.DataFrame({"class_id": [0], "class_name": ["0"], "probability": [1.0]})
+        return mlflow.pyfunc.log_model(
+            name=variant.name,
+            python_model=str(MODEL_DEFINITION),
+            model_config={"variant": variant.name},
+            artifacts={"models": str(folder)},
+            code_paths=[str(MODEL_DEFINITION.parent)],
+            signature=infer_signature(example_input, example_output),
+            input_example=example_input,
+            pip_requirements=requirements,
+            metadata={"variant": variant.name, "sha256": variant.sha256, **metadata},
+        )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,7 +24,6 @@ from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import variants as variants_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
-from pipeline.artifacts.variants import Variant
 from pipeline.config import Params
 from pipeline.optimize.candidates import Optimizer, build_manifest, markdown_table
 from pipeline.tracking import stage_run, tracking_uri
@@ -33,41 +31,65 @@ from pipeline.tracking import stage_run, tracking_uri
 OPTIMIZE_REPORTS = REPORTS_DIR / "optimize"
 
 
-def register_variants(
-    params: Params, run_id: str, variants: list[Variant], artifact_uri: Callable[[str], str]
-) -> list[int]:
-    """One version of the registered model per accepted variant, tagged; returns the version numbers."""
+def register_variants(params: Params, manifest: variants_file.ModelManifest) -> list[int]:
+    """Each accepted variant logged as an MLflow model of the active run (tracking.log_variant_model: it classifies
+    image files as the server does) and registered as a version of `tracking.registered_model_name`, tagged;
+    returns the version numbers. The benchmark stage moves the `champion` alias."""
+    import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
+
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.tracking import log_variant_model
 
     client = MlflowClient(tracking_uri=tracking_uri(params.tracking))
     name = params.tracking.registered_model_name
     try:
-        client.create_registered_model(name, description="GTSRB traffic-sign classifier variants")
+        client.create_registered_model(name, description="Image classifier variants (pipeline optimize)")
     except MlflowException as exc:
         if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
             raise
+    test_files = read_test_files(PREPARED_DIR)
+    example = test_files[0].path.read_bytes() if test_files else _blank_png(manifest.image_size)
+    contract = manifest.preprocess.model_dump(mode="json") | {"classes": manifest.classes}
     versions = []
-    for v in variants:
+    for v in manifest.accepted():
+        info = log_variant_model(MODELS_DIR, v, example, {"preprocess": contract})
+        tags = {
+            "variant": v.name,
+            "format": v.format,
+            "precision": v.precision,
+            "accuracy": f"{v.accuracy:.6f}",
+            "accuracy_drop": f"{v.accuracy_drop:.6f}",
+            "size_bytes": str(v.size_bytes),
+            "parameters": str(v.parameters),
+            "sha256": v.sha256,
+            "runtimes": ",".join(v.runtimes),
+        }
+        if v.served_accuracy is not None:
+            tags["served_accuracy"] = f"{v.served_accuracy:.6f}"
+            mlflow.log_metric("served_accuracy", v.served_accuracy, model_id=info.model_id)
+        mlflow.log_metric("accuracy", v.accuracy, model_id=info.model_id)
         mv = client.create_model_version(
             name,
-            source=artifact_uri(f"variants/{v.name}"),
-            run_id=run_id,
-            tags={
-                "variant": v.name,
-                "format": v.format,
-                "precision": v.precision,
-                "accuracy": f"{v.accuracy:.6f}",
-                "accuracy_drop": f"{v.accuracy_drop:.6f}",
-                "size_bytes": str(v.size_bytes),
-                "parameters": str(v.parameters),
-                "sha256": v.sha256,
-                "runtimes": ",".join(v.runtimes),
-            },
+            source=info.model_uri,
+            run_id=info.run_id,
+            tags=tags,
             description=f"{v.name}: top-1 {v.accuracy:.4f}, {v.size_bytes} bytes",
+            model_id=info.model_id,
         )
         versions.append(int(mv.version))
     return versions
+
+
+def _blank_png(size: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), (128, 128, 128)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def run(params: Params) -> None:
@@ -123,11 +145,7 @@ def run(params: Params) -> None:
         mlrun.log_artifact(OPTIMIZE_REPORTS / "metrics.json", "reports")
         mlrun.log_artifact(OPTIMIZE_REPORTS / "variants.md", "reports")
         if mlrun.active and mlrun.run_id:
-            import mlflow
-
-            for v in manifest.accepted():
-                mlrun.log_artifact(MODELS_DIR / v.file, f"variants/{v.name}")
-            versions = register_variants(params, mlrun.run_id, manifest.accepted(), mlflow.get_artifact_uri)
+            versions = register_variants(params, manifest)
             console.log(f"registered {len(versions)} versions of {params.tracking.registered_model_name!r}: {versions}")
     console.log("\n" + markdown_table(manifest))
     console.log(

@@ -289,6 +289,51 @@ def test_accepted_variants_are_registered(optimized: Path) -> None:
 
 
 @pytest.mark.slow
+def test_registered_versions_are_mlflow_models_that_classify_image_files(
+    optimized: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each registered version loads with `mlflow.pyfunc` (a logged model linked to optimize's run) and gives the
+    classes the server's own loader and decode give for the same PNG files."""
+    import io
+
+    import mlflow
+    import pandas as pd
+    from mlflow import MlflowClient
+    from PIL import Image
+
+    from pipeline.config import ServeConfig
+    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.serve.model import load_served_model
+    from pipeline.serve.protocol import decode_images
+
+    monkeypatch.chdir(optimized)
+    uri = f"sqlite:///{optimized / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    with np.load(optimized / "data" / "prepared" / "test.npz") as arrays:
+        pngs = []
+        for image in arrays["images"][:24]:
+            out = io.BytesIO()
+            Image.fromarray(image).save(out, format="PNG")
+            pngs.append(out.getvalue())
+    client = MlflowClient(tracking_uri=uri)
+    versions = client.search_model_versions("name = 'gtsrb-classifier'")
+    assert versions
+    for version in versions:
+        variant = version.tags["variant"]
+        assert version.source.startswith("models:/m-"), version.source  # an MLflow 3 logged model
+        logged = client.get_logged_model(version.source.removeprefix("models:/"))
+        assert logged.source_run_id == version.run_id and logged.name == variant
+        assert "accuracy" in {m.key for m in logged.metrics or []}
+        loaded = mlflow.pyfunc.load_model(f"models:/gtsrb-classifier/{version.version}")
+        assert loaded.metadata.metadata["preprocess"]["resize"] == 16
+        got = loaded.predict(pd.DataFrame({"image": pngs}))
+        served = load_served_model(optimized / "models", ServeConfig(variant=variant))
+        expected = served.probabilities(decode_images([(b, None) for b in pngs], served.framing, MAX_PIXELS))
+        assert list(got["class_id"]) == list(expected.argmax(1)), variant
+        assert np.allclose(got["probability"], expected.max(1), atol=1e-5), variant
+
+
+@pytest.mark.slow
 def test_shipped_variants_run_and_agree(optimized: Path) -> None:
     from pipeline.runtimes import open_runtime, read_manifest
 
