@@ -10,6 +10,8 @@ STAGE ?=
 # Ports that do not collide: the server 8000 (serve.port), a local registry 5000 (deploy.registry), the MLflow UI:
 MLFLOW_UI_PORT ?= 5050
 PYTEST_ARGS ?=
+# The team tracking stack's data, logs and generated credentials (git-ignored).
+PLATFORM_DIR ?= .platform
 
 # The light commands (pipeline compare, pipeline monitor) need no torch: a small environment, versions from uv.lock.
 LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client packaging
@@ -17,13 +19,15 @@ LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client pack
 WORKFLOW ?= ci
 ACT_ARGS ?=
 
-.PHONY: help env env-light pipeline test test-fast lint mlflow-ui act clean
+.PHONY: help env env-light pipeline test test-fast lint mlflow-ui platform-up platform-down act clean
 
 help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
 	@echo "make test       lint, type-check and run all tests, as CI does"
 	@echo "make test-fast  the fast tests only (no 'slow' marker)"
 	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:$(MLFLOW_UI_PORT) (MLFLOW_UI_PORT=...)"
+	@echo "make platform-up    the team tracking stack here: PostgreSQL + SeaweedFS S3 + MLflow server (PLATFORM_DIR)"
+	@echo "make platform-down  stop it (data kept in PLATFORM_DIR)"
 	@echo "make act        run a GitHub workflow locally with act (WORKFLOW=ci|pipeline, ACT_ARGS=...)"
 
 .tools/bin/uv:
@@ -52,6 +56,12 @@ lint: env
 	$(UV) run --frozen ruff check pipeline tests
 	$(UV) run --frozen ruff format --check pipeline tests
 	$(UV) run --frozen mypy
+
+platform-up: env
+	$(UV) run --frozen pipeline platform up --dir $(PLATFORM_DIR)
+
+platform-down: env
+	$(UV) run --frozen pipeline platform down --dir $(PLATFORM_DIR)
 
 test: lint
 	$(UV) run --frozen pytest $(PYTEST_ARGS)

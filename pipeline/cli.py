@@ -230,5 +230,55 @@ def image_context(ctx: typer.Context) -> None:
     _tool("pipeline.ship.image_context", ctx)
 
 
+platform_app = typer.Typer(help="The team tracking stack without Docker: PostgreSQL + SeaweedFS S3 + MLflow server.")
+app.add_typer(platform_app, name="platform")
+PlatformDir = typer.Option(Path(".platform"), "--dir", help="Where the stack keeps its data, logs and credentials.")
+
+
+@platform_app.command("up")
+def platform_up(
+    folder: Path = PlatformDir,
+    postgres_port: int = typer.Option(55432, help="PostgreSQL on 127.0.0.1."),
+    s3_port: int = typer.Option(8333, help="SeaweedFS's S3 gateway on 127.0.0.1."),
+    mlflow_port: int = typer.Option(5051, help="The MLflow tracking server on 127.0.0.1."),
+    workers: int = typer.Option(2, help="MLflow server worker processes."),
+) -> None:
+    """Start the stack (data kept in --dir across restarts); prints the environment clients need."""
+    from pipeline import team_stack
+
+    try:
+        stack = team_stack.up(folder, team_stack.Ports(postgres_port, s3_port, mlflow_port), workers)
+    except StageError as exc:
+        _fail(str(exc))
+    typer.echo(f"MLflow {stack.tracking_uri} (PostgreSQL :{postgres_port}, S3 {stack.s3_endpoint}); data in {folder}")
+    typer.echo(f"clients: export {team_stack.client_env(stack).strip()}   (also in {folder / 'client.env'})")
+    typer.echo("DVC remote on its S3 bucket: pipeline platform dvc-remote")
+
+
+@platform_app.command("down")
+def platform_down(folder: Path = PlatformDir) -> None:
+    """Stop the stack started from --dir; its data stays."""
+    from pipeline import team_stack
+
+    typer.echo("stopped" if team_stack.down(folder) else f"no stack running from {folder}")
+
+
+@platform_app.command("dvc-remote")
+def platform_dvc_remote(folder: Path = PlatformDir, name: str = typer.Option("team", help="Remote name.")) -> None:
+    """Make the stack's S3 bucket this repository's default DVC remote (keys in .dvc/config.local, git-ignored)."""
+    from pipeline import team_stack
+
+    stack = team_stack.Stack.read(folder)
+    if stack is None:
+        _fail(f"no stack running from {folder}: `pipeline platform up` first")
+    try:
+        team_stack.dvc_remote(stack, Path.cwd(), name)
+    except StageError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"dvc remote {name!r}: s3://{team_stack.DVC_BUCKET}/store at {stack.s3_endpoint}; `dvc push` / `dvc pull`"
+    )
+
+
 if __name__ == "__main__":
     app()

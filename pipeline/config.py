@@ -115,6 +115,10 @@ class TrainConfig(Section):
     """Save a checkpoint every this many steps (0: only at the end); one is always saved at the end."""
     keep_checkpoints: int = Field(2, ge=1, le=100)
     """Complete checkpoints kept on disk (the newest ones)."""
+    checkpoint_dir: str = Field("models/checkpoints", min_length=1)
+    """Where checkpoints live (one folder per params + data fingerprint). Scratch state for resuming, not a DVC
+    output, so a `dvc pull`ed clone is up to date without them. A run on several machines (torchrun --nnodes)
+    needs a folder every node sees (a shared filesystem): the train stage checks that it is."""
     eval_batch_size: int = Field(512, ge=1, le=65536)
 
 

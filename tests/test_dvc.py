@@ -11,56 +11,39 @@ import yaml
 
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.project import make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout + result.stderr
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh git + DVC copy of the project, with the real sample if configured, else synthetic data."""
-    work = tmp_path / "project"
-    work.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(REPO / name, work / name)
-    shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    root = os.environ.get("GTSRB_ROOT") or str(write_synthetic_gtsrb(tmp_path / "raw"))
-    venv_bin = str(Path(sys.executable).parent)
-    env = dict(os.environ, GTSRB_ROOT=root, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    _run(["git", "init", "-q"], work, env)
-    _run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
-    return work, env
+    return make_project(tmp_path)
 
 
 def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, dict[str, str]]) -> None:
     work, env = project
     dvc = [sys.executable, "-m", "dvc"]
-    first = _run([*dvc, "repro", "prepare"], work, env)
+    first = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in first
     assert (work / "data/prepared/train.npz").is_file()
 
-    second = _run([*dvc, "repro", "prepare"], work, env)
+    second = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" not in second
     assert "didn't change" in second
 
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["data"]["image_size"] = 24
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    status = _run([*dvc, "status", "prepare"], work, env)
+    status = run([*dvc, "status", "prepare"], work, env)
     assert "modified" in status and "data" in status  # dvc.yaml tracks the whole data section
-    third = _run([*dvc, "repro", "prepare"], work, env)
+    third = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in third
     import numpy as np
 
     with np.load(work / "data/prepared/test.npz") as npz:
         assert npz["images"].shape[1:] == (24, 24, 3)
-    metrics = _run([*dvc, "metrics", "show"], work, env)
+    metrics = run([*dvc, "metrics", "show"], work, env)
     assert "test_images" in metrics
 
 
@@ -87,20 +70,6 @@ def test_every_dvc_output_is_git_ignored_and_the_folders_exist() -> None:
 
 
 PIPELINE_TO_CARD = ("prepare", "train", "evaluate", "optimize", "benchmark", "card")
-
-
-def _tiny_pipeline_params(work: Path) -> None:
-    """A small model and a short benchmark: the whole chain to the card in about a minute."""
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["model"].update({"name": "signnet", "width": 8, "members": 1})
-    params["train"].update({"epochs": 4, "batch_size": 64, "checkpoint_every": 5, "nproc": 1})
-    params["evaluate"]["min_accuracy"] = 0.0
-    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
-                               "max_accuracy_drop": 0.05})  # fmt: skip
-    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                                "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
-    params["tracking"]["enabled"] = False
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
 
 
 def _what_the_server_would_serve(work: Path) -> str:
@@ -134,9 +103,9 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
 
     work, env = project
     env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "synthetic")))
-    _tiny_pipeline_params(work)
+    tiny_pipeline_params(work)
     dvc = [sys.executable, "-m", "dvc"]
-    _run([*dvc, "repro", "card"], work, env)
+    run([*dvc, "repro", "card"], work, env)
     before = _what_the_server_would_serve(work)
     assert before.startswith("serves "), before
     params = yaml.safe_load((work / "params.yaml").read_text())
@@ -174,9 +143,9 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
         served_after_kill.append(_what_the_server_would_serve(work))
     assert len(killed_in) >= 3, killed_in
 
-    final = _run([*dvc, "repro", "card"], work, env)
+    final = run([*dvc, "repro", "card"], work, env)
     assert "Running stage 'card'" in final or "didn't change" in final
-    assert "Data and pipelines are up to date" in _run([*dvc, "status", "card"], work, env)
+    assert "Data and pipelines are up to date" in run([*dvc, "status", "card"], work, env)
     after = _what_the_server_would_serve(work)
     assert after.startswith("serves ") and after != before  # the new model, measured
     for refusal in (s for s in served_after_kill if s.startswith("refused")):
@@ -220,7 +189,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
                                                                 params["containerize"]["base_image"])})  # fmt: skip
     params["deploy"].update({"skip_without_engine": True, "container_name": f"digits-test-{os.getpid()}"})
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    _run([sys.executable, "-m", "dvc", "repro", "deploy"], work, env)
+    run([sys.executable, "-m", "dvc", "repro", "deploy"], work, env)
 
     classes = [str(d) for d in range(10)]
     prepared = yaml.safe_load((work / "data/prepared/manifest.json").read_text())
@@ -254,73 +223,3 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
         server.stop()
     print(f"digits: served accuracy {evaluation['accuracy']:.4f} (evaluate), {accuracy:.4f} through the server "
           f"on {len(files)} held-out files; deploy: {deployed}")  # fmt: skip
-
-
-@pytest.mark.slow
-def test_two_dvc_experiments_are_two_parent_runs_on_a_real_mlflow_server(
-    project: tuple[Path, dict[str, str]], tmp_path: Path
-) -> None:
-    """`dvc exp run card` twice (the experiment target that needs no Docker engine), tracked by a real `mlflow
-    server` on loopback: one parent run per experiment, named after it, with every stage nested, every param,
-    the headline metrics rolled up, and the dataset input whose digest is the prepared data's checksum."""
-    import time
-
-    import httpx
-    from mlflow import MlflowClient
-
-    from pipeline.ports import free_port
-
-    work, env = project
-    _tiny_pipeline_params(work)
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["tracking"]["enabled"] = True
-    params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
-            time.sleep(0.5)
-        env = dict(env, MLFLOW_TRACKING_URI=uri, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
-                   GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")  # fmt: skip
-        _run(["git", "add", "-A"], work, env)
-        _run(["git", "commit", "-qm", "baseline"], work, env)
-        dvc = [sys.executable, "-m", "dvc"]
-        for epochs, name in ((2, "short"), (3, "longer")):
-            _run([*dvc, "exp", "run", "card", "-n", name, "-S", f"train.epochs={epochs}"], work, env)
-        shown = _run([*dvc, "exp", "show", "--json"], work, env)
-        assert '"short"' in shown and '"longer"' in shown
-
-        client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name(params["tracking"]["experiment"])
-        assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
-        runs = client.search_runs([experiment.experiment_id], max_results=100)
-        parents = {r.info.run_name: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
-        assert set(parents) == {"short", "longer"}, [r.info.run_name for r in runs]
-        checksum = yaml.safe_load((work / "data/prepared/manifest.json").read_text())["content_sha256"]
-        for name, epochs in (("short", "2"), ("longer", "3")):
-            parent = parents[name]
-            children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-            assert {"train", "evaluate", "optimize", "benchmark", "card"} <= children, (name, children)
-            assert parent.data.params["train.epochs"] == epochs and "data.image_size" in parent.data.params
-            for metric in ("val_accuracy", "test_accuracy", "test_roi_accuracy", "served_throughput_b32",
-                           "speedup_b32_vs_default_eager", "served_p99_ms", "stage_seconds.train"):  # fmt: skip
-                assert metric in parent.data.metrics, (name, metric, sorted(parent.data.metrics))
-            digests = {d.dataset.digest for d in parent.inputs.dataset_inputs}
-            assert digests == {checksum[:36]}, digests
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)

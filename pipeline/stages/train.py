@@ -15,8 +15,10 @@ import csv
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import warnings
@@ -29,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline import console, nets
-from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
 from pipeline.config import Params
@@ -40,7 +42,6 @@ from pipeline.training import checkpoint as ckpt
 from pipeline.training import distributed
 from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr
 
-CHECKPOINTS_DIR = MODELS_DIR / "checkpoints"
 TRAIN_REPORTS = REPORTS_DIR / "train"
 # Test hook: SIGKILL this process right after the given global step (and its checkpoint, if any).
 KILL_AFTER_STEP_ENV = "PIPELINE_KILL_AFTER_STEP"
@@ -50,6 +51,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 # Params that do not change the training trajectory: a checkpoint made with other values still resumes.
 _NOT_TRAJECTORY = {
+    "checkpoint_dir",
     "nproc",
     "strategy",
     "device",
@@ -67,15 +69,16 @@ KEEP_OTHER_RUNS = 2  # checkpoint folders of other params/data kept beside the c
 def run_checkpoints(params: Params, manifest: PreparedManifest) -> Path:
     """This run's checkpoint folder: one per fingerprint, so changing a param (or the data) starts a new folder
     and switching back resumes the old one; nothing is deleted on the way."""
-    return CHECKPOINTS_DIR / fingerprint(params, manifest)
+    return Path(params.train.checkpoint_dir) / fingerprint(params, manifest)
 
 
 def retire_other_runs(current: Path, main: bool) -> None:
     """Keep the KEEP_OTHER_RUNS most recent other runs' folders; remove older ones (and step folders of the
     layout before fingerprint folders), saying so."""
-    if not main or not CHECKPOINTS_DIR.is_dir():
+    root = current.parent
+    if not main or not root.is_dir():
         return
-    others = [p for p in CHECKPOINTS_DIR.iterdir() if p.is_dir() and p != current]
+    others = [p for p in root.iterdir() if p.is_dir() and p != current]
     legacy = [p for p in others if p.name.startswith("step_")]
     runs = sorted((p for p in others if p not in legacy), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in legacy + runs[KEEP_OTHER_RUNS:]:
@@ -174,6 +177,8 @@ def worker(
 
     step = loader.epoch * spe + loader.step_in_epoch
     kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        kill_after = 0  # a test's kill fires once: torchrun's restarted workers run on
     last_saved = step if resume is not None else -1
     clock = {"start": time.perf_counter(), "saving": 0.0}  # this session's epoch: training time only
 
@@ -296,6 +301,36 @@ def _no_log(metrics: Mapping[str, float], step: int) -> None:
     return None
 
 
+def _check_same_run_everywhere(folder: Path, rank: int, world: int) -> None:
+    """With torchrun on several machines, every rank must train the same params and data and see the same
+    checkpoint folder (rank 0 seals what all ranks write): else one line on every rank, before any step."""
+    token = [secrets.token_hex(8) if rank == 0 else ""]
+    dist.broadcast_object_list(token, src=0)
+    probe = folder.parent / f".shared-{token[0]}"
+    if rank == 0:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+    dist.barrier()
+    seen: list[Any] = [None] * world
+    dist.all_gather_object(seen, (folder.name, probe.exists(), socket.gethostname()))
+    dist.barrier()
+    if rank == 0:
+        probe.unlink(missing_ok=True)
+    differ = [r for r, (name, _, _) in enumerate(seen) if name != seen[0][0]]
+    if differ:
+        raise StageError(
+            f"ranks {differ} ({', '.join(seen[r][2] for r in differ)}) have other params or prepared data than rank 0 "
+            "(their checkpoint fingerprint differs): run every node from the same commit, params and `dvc pull`ed data"
+        )
+    blind = [r for r, (_, saw, _) in enumerate(seen) if not saw]
+    if blind:
+        raise StageError(
+            f"train.checkpoint_dir {folder.parent} is not shared: ranks {blind} ({', '.join(seen[r][2] for r in blind)}) "
+            "do not see what rank 0 writes there; on several machines set it to a folder every node mounts "
+            "(NFS, a ReadWriteMany volume)"
+        )
+
+
 def _find_resume(params: Params, manifest: PreparedManifest, main: bool) -> ckpt.Resume | None:
     folder = run_checkpoints(params, manifest)
     if main:
@@ -393,6 +428,7 @@ def _run_torchrun(params: Params, rank: int, world: int) -> None:
     manifest = _check_inputs()
     dist.init_process_group(distributed.backend_for(distributed.choose_device(params.train.device)))
     try:
+        _check_same_run_everywhere(run_checkpoints(params, manifest), rank, world)
         resume = _find_resume(params, manifest, main=rank == 0)
         retire_other_runs(run_checkpoints(params, manifest), main=rank == 0)
         dist.barrier()

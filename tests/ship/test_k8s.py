@@ -87,3 +87,74 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+# ------------------------------------------------- Kubeflow TrainJob, KServe ServingRuntime + InferenceService
+
+CRD_MANIFESTS = {
+    "deploy/kubeflow/trainjob.yaml": "trainjob-v1alpha1",
+    "deploy/kserve/servingruntime.yaml": "servingruntime-v1alpha1",
+    "deploy/kserve/inferenceservice.yaml": "inferenceservice-v1beta1",
+}
+
+
+def _strict(schema: Any) -> Any:
+    """As `kubectl apply --validate=strict` treats a CRD: unknown fields are errors (the API server would
+    silently prune them), except where the schema keeps unknown fields."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            if not out.get("x-kubernetes-preserve-unknown-fields"):
+                out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def _crd_errors(doc: dict[str, Any], schema_name: str) -> list[str]:
+    import json
+
+    import jsonschema
+
+    schema = _strict(json.loads((REPO / "deploy" / "schemas" / f"{schema_name}.json").read_text()))
+    return [
+        f"{'.'.join(map(str, e.path))}: {e.message[:200]}" for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
+    ]
+
+
+@pytest.mark.parametrize("path", sorted(CRD_MANIFESTS))
+def test_kubeflow_and_kserve_manifests_match_their_published_crd_schemas(path: str) -> None:
+    doc = yaml.safe_load((REPO / path).read_text())
+    assert _crd_errors(doc, CRD_MANIFESTS[path]) == []
+
+
+def test_crd_validation_catches_mistakes() -> None:
+    trainjob = yaml.safe_load((REPO / "deploy/kubeflow/trainjob.yaml").read_text())
+    trainjob["spec"]["trainer"]["numNode"] = 2  # a typo: the API server would drop it and train on one node
+    trainjob["spec"]["trainer"]["numProcPerNode"] = "two"
+    errors = _crd_errors(trainjob, "trainjob-v1alpha1")
+    assert any("numNode" in e for e in errors) and any("numProcPerNode" in e for e in errors), errors
+    isvc = yaml.safe_load((REPO / "deploy/kserve/inferenceservice.yaml").read_text())
+    isvc["spec"]["predictor"]["model"]["protocolVersion"] = 2
+    assert any("protocolVersion" in e for e in _crd_errors(isvc, "inferenceservice-v1beta1"))
+
+
+def test_kserve_runtime_and_service_agree_with_the_server_image() -> None:
+    """The InferenceService asks for the runtime and format the ServingRuntime offers, OIP v2; the runtime's
+    container serves on KServe's port through the image's $PORT and probes the server's health routes."""
+    runtime = yaml.safe_load((REPO / "deploy/kserve/servingruntime.yaml").read_text())
+    isvc = yaml.safe_load((REPO / "deploy/kserve/inferenceservice.yaml").read_text())
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"] and model["protocolVersion"] == "v2"
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert "v2" in runtime["spec"]["protocolVersions"]
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == "kserve-container"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PORT"] == "8080" and container["ports"][0]["containerPort"] == 8080
+    assert '--port \\"$PORT\\"' in (REPO / "docker/Dockerfile").read_text()
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    trainjob = yaml.safe_load((REPO / "deploy/kubeflow/trainjob.yaml").read_text())
+    script = trainjob["spec"]["trainer"]["command"][-1]
+    assert "torchrun -m pipeline.cli train" in script and "models/checkpoints" in script

@@ -1,0 +1,51 @@
+"""A throwaway git + DVC copy of the project, for tests that run the real `dvc repro` / `dvc exp run`."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.helpers import REPO
+from tests.helpers.gtsrb import write_synthetic_gtsrb
+
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh git + DVC copy of the project, with the real sample if configured, else synthetic data."""
+    work = tmp_path / "project"
+    work.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has
+        shutil.copy(REPO / name, work / name)
+    shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    root = os.environ.get("GTSRB_ROOT") or str(write_synthetic_gtsrb(tmp_path / "raw"))
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, GTSRB_ROOT=root, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    run(["git", "init", "-q"], work, env)
+    run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
+    return work, env
+
+
+def tiny_pipeline_params(work: Path) -> None:
+    """A small model and a short benchmark: the whole chain to the card in about a minute."""
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["model"].update({"name": "signnet", "width": 8, "members": 1})
+    params["train"].update({"epochs": 4, "batch_size": 64, "checkpoint_every": 5, "nproc": 1})
+    params["evaluate"]["min_accuracy"] = 0.0
+    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
+                               "max_accuracy_drop": 0.05})  # fmt: skip
+    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                                "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
+    params["tracking"]["enabled"] = False
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
