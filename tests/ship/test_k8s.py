@@ -103,9 +103,9 @@ def _strict(schema: Any) -> Any:
     silently prune them), except where the schema keeps unknown fields."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            if not out.get("x-kubernetes-preserve-unknown-fields"):
-                out["additionalProperties"] = False
+        keeps_unknown = out.get("x-kubernetes-preserve-unknown-fields")
+        if "properties" in out and "additionalProperties" not in out and not keeps_unknown:
+            out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
         return [_strict(v) for v in schema]
