@@ -235,6 +235,11 @@ class ServeConfig(Section):
     """Request line plus headers; beyond it 431 and the connection is closed."""
     body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     """A request's body must arrive within this of its headers: else 408."""
+    access_log: bool = True
+    """One JSON line per request (id, route, status, ms) on the `pipeline.access` logger."""
+    auth_token_env: str = Field("PIPELINE_SERVE_TOKEN", pattern=r"^[A-Z_][A-Z0-9_]*$")
+    """Environment variable holding a bearer token: when set and non-empty, inference and model routes need
+    `Authorization: Bearer <token>` (health and /metrics stay open). Off when the variable is unset."""
 
     @model_validator(mode="after")
     def _limits_fit_together(self) -> ServeConfig:

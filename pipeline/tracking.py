@@ -1,8 +1,8 @@
 """MLflow tracking shared by every stage: one parent run per pipeline execution, one nested run per stage.
 
 The parent is what the MLflow UI compares: it is named after the DVC experiment (`dvc exp run` sets
-$DVC_EXP_NAME), else the commit (and `-dirty`), and found again by a tag that also holds a digest of the params,
-so every stage of one execution joins it, from its own process, after a kill, or when one stage is rerun. It
+$DVC_EXP_NAME; found again by it and the baseline commit), else the commit (and `-dirty`; found again by the
+commit and a digest of the params), so every stage of one execution joins it, from its own process, after a kill, or when one stage is rerun. It
 carries every param (`section.key`) and the headline metrics as the stages produce them (names in
 HEADLINE_METRICS, stable for saved views and `mlflow.search_runs`), the dataset as an MLflow dataset input
 (digest = the prepared data's checksum), and each stage's wall time (`stage_seconds.<stage>`).
@@ -74,7 +74,9 @@ def execution(params: Params) -> tuple[str, str]:
     digest = hashlib.sha256(json.dumps(params.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:10]
     experiment = os.environ.get("DVC_EXP_NAME")
     if experiment:
-        return f"exp:{experiment}:{digest}", experiment
+        # A DVC experiment's name is unique on its baseline commit: every stage of it, in whatever process or
+        # temporary workspace DVC runs it, finds the same parent by that alone.
+        return f"exp:{experiment}:{os.environ.get('DVC_EXP_BASELINE_REV', '')[:10]}", experiment
     commit = git_commit()[:10]
     return f"run:{commit}:{digest}", f"{commit}{'-dirty' if git_dirty() else ''} {digest[:6]}"
 

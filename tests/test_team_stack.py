@@ -98,7 +98,8 @@ def test_a_queued_sweep_is_one_parent_run_per_experiment_in_postgres_and_s3(swee
     client = MlflowClient(sweep.stack.tracking_uri)
     assert client.get_experiment(sweep.experiment_id).tags.get("mlflow.experimentKind") == "custom_model_development"
     parents, runs = _parents(sweep)
-    assert set(parents) == set(EXPERIMENTS), [r.info.run_name for r in runs]
+    top = [r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(top) == sorted(EXPERIMENTS), top  # exactly one parent each: every stage found it
     run([*DVC, "exp", "apply", "lr-low"], sweep.work, sweep.env)  # queued runs leave the workspace as it was
     checksum = yaml.safe_load((sweep.work / "data/prepared/manifest.json").read_text())["content_sha256"]
     for name, lr in EXPERIMENTS.items():
@@ -110,6 +111,11 @@ def test_a_queued_sweep_is_one_parent_run_per_experiment_in_postgres_and_s3(swee
                        "speedup_b32_vs_default_eager", "served_p99_ms", "stage_seconds.train"):  # fmt: skip
             assert metric in parent.data.metrics, (name, metric, sorted(parent.data.metrics))
         assert {d.dataset.digest for d in parent.inputs.dataset_inputs} == {checksum[:36]}
+    # Each experiment's shipped variants are MLflow logged models of its optimize run, with their accuracy.
+    optimize_runs = {r.info.run_id for r in runs if r.info.run_name == "optimize"}
+    logged = client.search_logged_models(experiment_ids=[sweep.experiment_id])
+    assert len(optimize_runs) == 2 and {m.source_run_id for m in logged} == optimize_runs
+    assert all("accuracy" in {x.key for x in m.metrics or []} for m in logged)
     # Where it all landed: MLflow's tables in PostgreSQL, the artifacts (models included) in the S3 bucket.
     database = sweep.stack.database_uri.replace("postgresql+psycopg2://", "postgresql://")
     with psycopg2.connect(database) as connection, connection.cursor() as cursor:

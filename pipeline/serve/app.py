@@ -7,6 +7,7 @@ the dynamic batcher; the queue is bounded (503 + Retry-After) and each request h
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.config import ServeConfig
 from pipeline.preprocess import Box
+from pipeline.serve.access import RequestContext
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
 from pipeline.serve.model import ServedModel
 from pipeline.serve.protocol import (
@@ -249,7 +251,10 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
-    app.add_middleware(Observe, metrics=metrics)  # outermost: sees every response, 413s included
+    app.add_middleware(Observe, metrics=metrics)  # sees every response, 413s included
+    # outermost: every answer (401, 413, 503 included) carries the request id and gets its log line
+    token = os.environ.get(config.auth_token_env) or None
+    app.add_middleware(RequestContext, token=token, access_log=config.access_log)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -278,9 +283,11 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         except TimeoutError:
             raise HTTPException(504, f"inference took longer than {config.request_timeout_s} s") from None
 
-    def check_model(name: str) -> None:
+    def check_model(name: str, version: str | None = None) -> None:
         if name != config.model_name:
             raise HTTPException(404, f"unknown model {name!r}; this server serves {config.model_name!r}")
+        if version is not None and version != model.version:
+            raise HTTPException(404, f"unknown version {version!r} of {name!r}; this server serves {model.version!r}")
 
     async def decode(items: list[tuple[bytes, Box | None]]) -> np.ndarray:
         try:
@@ -390,8 +397,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             "model_version": model.version,
             "outputs": described,
         }
-        if parsed.id is not None:
-            payload["id"] = parsed.id
+        payload["id"] = parsed.id if parsed.id is not None else request.state.request_id
         header = json_bytes(payload)
         if not binary_out:
             return Response(header, media_type="application/json")
@@ -400,6 +406,27 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(len(header))},
         )
+
+    # The same three for an explicit version: this server's only one (model_version in every answer).
+    @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], responses=_errors(404))
+    async def version_metadata(name: str, version: str) -> dict[str, Any]:
+        check_model(name, version)
+        return await model_metadata(name)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], responses=_errors(404))
+    async def version_ready(name: str, version: str) -> JSONResponse:
+        check_model(name, version)
+        return await model_ready(name)
+
+    @app.post(
+        "/v2/models/{name}/versions/{version}/infer",
+        tags=["v2"],
+        openapi_extra=infer_schema,
+        responses=_errors(404, *CLIENT_ERRORS),
+    )
+    async def version_infer(name: str, version: str, request: Request) -> Response:
+        check_model(name, version)
+        return await infer(name, request)
 
     # ---- /v1: images in, sign names out -------------------------------------------------------------
     predict_schema = {

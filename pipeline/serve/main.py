@@ -13,6 +13,8 @@ from pipeline.ports import ensure_free
 
 def run(params: Params) -> None:
     import gc
+    import logging
+    import sys
 
     import uvicorn
 
@@ -24,6 +26,13 @@ def run(params: Params) -> None:
     ensure_free(config.host, config.port, "serve.port (or --port)")  # before minutes of model loading
     model = load_served_model(MODELS_DIR, config)
     log(f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}")
+    if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
+        access = logging.getLogger("pipeline.access")
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
     app = create_app(config, model)
     # Every request allocates a few thousand short-lived objects: with the long-lived heap (modules,
     # the model session, the app) frozen out of the collector and a larger first generation, garbage

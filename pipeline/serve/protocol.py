@@ -122,10 +122,14 @@ def _b64(value: Any, where: str) -> bytes:
         raise BadRequest(f"{where}: not valid base64") from None
 
 
+PIXEL_TYPES = {"FP32": ("<f4", 4), "UINT8": ("u1", 1)}
+
+
 def tensor_images(
     request: InferRequest, binary: bytes, image_size: int, max_images: int
 ) -> list[np.ndarray] | list[bytes]:
-    """The single input as a float32 batch [N,3,S,S] (FP32) or a list of encoded images (BYTES)."""
+    """The single input as a float32 batch [N,3,S,S] in [0, 1] (from FP32, or UINT8 pixels) or a list of encoded
+    images (BYTES)."""
     if len(request.inputs) != 1:
         raise BadRequest(f"expected exactly one input tensor, got {len(request.inputs)}")
     tensor = request.inputs[0]
@@ -138,27 +142,38 @@ def tensor_images(
         )
     count = math.prod(shape)
     raw, _ = _binary_slice(tensor, binary, 0)
-    if tensor.datatype == "FP32":
-        expected = [None, 3, image_size, image_size]
-        if len(shape) != 4 or shape[1:] != expected[1:]:
+    if tensor.datatype in PIXEL_TYPES:
+        # FP32: pixels / 255, as the model takes them; UINT8: the pixels themselves (a quarter of the bytes).
+        kind = tensor.datatype
+        if len(shape) != 4 or shape[1:] != [3, image_size, image_size]:
             raise BadRequest(
-                f"input {tensor.name!r}: FP32 shape must be [N, 3, {image_size}, {image_size}], got {shape}"
+                f"input {tensor.name!r}: {kind} shape must be [N, 3, {image_size}, {image_size}], got {shape}"
             )
         if not 1 <= shape[0] <= max_images:
             raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
+        dtype, width = PIXEL_TYPES[kind]
         if raw is not None:
-            if len(raw) != count * 4:
-                raise BadRequest(f"input {tensor.name!r}: {len(raw)} bytes for {count} FP32 values")
-            array = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            if len(raw) != count * width:
+                raise BadRequest(f"input {tensor.name!r}: {len(raw)} bytes for {count} {kind} values")
+            array = np.frombuffer(raw, dtype=dtype)
         else:
             if tensor.data is None:
                 raise BadRequest(f"input {tensor.name!r}: no data")
             try:
-                array = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+                values: np.ndarray = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
             except (TypeError, ValueError, OverflowError):  # OverflowError: an integer literal beyond float range
-                raise BadRequest(f"input {tensor.name!r}: data must be numbers within float32 range") from None
-            if array.size != count:
-                raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} values, got {array.size}")
+                raise BadRequest(f"input {tensor.name!r}: data must be numbers within {kind} range") from None
+            if values.size != count:
+                raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} values, got {values.size}")
+            if kind == "UINT8":
+                whole = bool(np.isfinite(values).all()) and not bool(np.any(np.mod(values, 1.0)))
+                if not whole or (values.size and (values.min() < 0 or values.max() > 255)):
+                    raise BadRequest(f"input {tensor.name!r}: UINT8 values must be integers 0..255")
+                values = values.astype(np.uint8)
+            array = values
+        if kind == "UINT8":
+            return [(array.astype(np.float32) * np.float32(1 / 255)).reshape(shape)]
+        array = array.astype(np.float32)  # a writable copy, as before
         if not np.isfinite(array).all():
             raise BadRequest(f"input {tensor.name!r}: values must be finite")
         return [array.reshape(shape)]
@@ -175,7 +190,7 @@ def tensor_images(
         if len(flat) != count:
             raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} elements, got {len(flat)}")
         return [_b64(item, f"input {tensor.name!r}") for item in flat]
-    raise BadRequest(f"input {tensor.name!r}: datatype must be FP32 or BYTES, got {tensor.datatype!r}")
+    raise BadRequest(f"input {tensor.name!r}: datatype must be FP32, UINT8 or BYTES, got {tensor.datatype!r}")
 
 
 def peek_images(images: list[tuple[bytes, Box | None]], max_pixels: int) -> list[tuple[Image.Image, Box | None]]:

@@ -50,8 +50,16 @@ class Server:
                 self.process.wait()
 
 
-def start_server(models_dir: Path, tmp_path: Path, serve: dict[str, Any], reports_dir: Path | None = None) -> Server:
-    """Start `pipeline serve` in a fresh project folder whose models/ is `models_dir` (and reports/ `reports_dir`)."""
+def start_server(
+    models_dir: Path,
+    tmp_path: Path,
+    serve: dict[str, Any],
+    reports_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    stdout: Path | None = None,
+) -> Server:
+    """Start `pipeline serve` in a fresh project folder whose models/ is `models_dir` (and reports/ `reports_dir`),
+    with extra environment variables `env`; its stdout (the access log) goes to the file `stdout` if given."""
     work = tmp_path / f"serve-{time.monotonic_ns()}"
     work.mkdir()
     (work / "models").symlink_to(models_dir)
@@ -65,7 +73,8 @@ def start_server(models_dir: Path, tmp_path: Path, serve: dict[str, Any], report
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve"],
         cwd=work,
-        stdout=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        stdout=stdout.open("wb") if stdout else subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )

@@ -118,6 +118,71 @@ def test_kserves_own_v2_client_speaks_to_the_server(server: Server) -> None:
     assert classes == expected[:2].argmax(axis=1).tolist()
 
 
+def test_uint8_pixels_give_the_fp32_answer_with_a_quarter_of_the_bytes(server: Server) -> None:
+    """OIP v2 UINT8 input (the pixels, 0..255) through tritonclient, binary and JSON: the same probabilities as
+    the FP32 tensor of the same pixels / 255; out-of-range JSON values are a 400."""
+    import tritonclient.http as triton
+
+    pixels = np.ascontiguousarray(server.test_images[:6].transpose(0, 3, 1, 2))
+    expected = server.direct_probabilities((pixels / np.float32(255)).astype(np.float32))
+    client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+    for binary in (True, False):
+        tensor = triton.InferInput("images", list(pixels.shape), "UINT8")
+        tensor.set_data_from_numpy(pixels, binary_data=binary)
+        got = client.infer("gtsrb", [tensor]).as_numpy("probabilities")
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    body = {"inputs": [{"name": "images", "shape": [1, 3, server.image_size, server.image_size], "datatype": "UINT8",
+                        "data": [256] * (3 * server.image_size**2)}]}  # fmt: skip
+    answer = httpx.post(f"{server.url}/v2/models/gtsrb/infer", json=body)
+    assert answer.status_code == 400 and "0..255" in answer.json()["error"]
+
+
+def test_versioned_routes_serve_only_this_version(server: Server) -> None:
+    meta = httpx.get(f"{server.url}/v2/models/gtsrb").json()
+    (version,) = meta["versions"]
+    assert httpx.get(f"{server.url}/v2/models/gtsrb/versions/{version}").json()["name"] == "gtsrb"
+    assert httpx.get(f"{server.url}/v2/models/gtsrb/versions/{version}/ready").status_code == 200
+    tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
+              "data": [base64.b64encode(png(server.test_images[0])).decode()]}  # fmt: skip
+    answer = httpx.post(f"{server.url}/v2/models/gtsrb/versions/{version}/infer", json={"inputs": [tensor]})
+    assert answer.status_code == 200 and answer.json()["model_version"] == version
+    wrong = httpx.post(f"{server.url}/v2/models/gtsrb/versions/nope/infer", json={"inputs": [tensor]})
+    assert wrong.status_code == 404 and "unknown version 'nope'" in wrong.json()["error"]
+
+
+def test_request_ids_auth_and_the_access_log(models_dir: Path, tmp_path: Path) -> None:
+    """With a token in the environment: inference and model routes need it (401 otherwise), health and /metrics
+    do not; every answer carries X-Request-ID (the client's if sane, else a new one), OIP answers their id;
+    each request is one JSON line in the access log."""
+    log = tmp_path / "access.log"
+    running = start_server(models_dir, tmp_path, {}, env={"PIPELINE_SERVE_TOKEN": "s3cret-token"}, stdout=log)
+    try:
+        url, auth = running.url, {"Authorization": "Bearer s3cret-token"}
+        files = {"files": ("a.png", png(running.test_images[0]), "image/png")}
+        refused = httpx.post(f"{url}/v1/predict", files=files, headers={"X-Request-ID": "client-42"})
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+        assert refused.headers["x-request-id"] == "client-42"
+        wrong = httpx.get(f"{url}/v2/models/gtsrb", headers={"Authorization": "Bearer s3cret-tokeN"})
+        assert wrong.status_code == 401
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        ok = httpx.post(f"{url}/v1/predict", files=files, headers={**auth, "X-Request-ID": "client-43"})
+        assert ok.status_code == 200 and ok.headers["x-request-id"] == "client-43"
+        hostile = httpx.post(f"{url}/v1/predict", files=files, headers={**auth, "X-Request-ID": "a b\tc" * 40})
+        assert hostile.status_code == 200 and len(hostile.headers["x-request-id"]) == 32  # replaced, not echoed
+        tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
+                  "data": [base64.b64encode(png(running.test_images[0])).decode()]}  # fmt: skip
+        oip = httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [tensor]}, headers=auth)
+        assert oip.status_code == 200 and oip.json()["id"] == oip.headers["x-request-id"]
+    finally:
+        running.stop()
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    by_id = {line["request_id"]: line for line in lines}
+    assert by_id["client-42"]["status"] == 401 and by_id["client-43"]["status"] == 200
+    assert by_id["client-43"]["path"] == "/v1/predict" and by_id["client-43"]["ms"] > 0
+    assert "s3cret-token" not in log.read_text()
+
+
 def test_original_files_through_the_api_give_optimizes_served_answers_file_for_file(
     server: Server, tiny_project: Path
 ) -> None:

@@ -158,3 +158,14 @@ def test_kserve_runtime_and_service_agree_with_the_server_image() -> None:
     trainjob = yaml.safe_load((REPO / "deploy/kubeflow/trainjob.yaml").read_text())
     script = trainjob["spec"]["trainer"]["command"][-1]
     assert "torchrun -m pipeline.cli train" in script and "models/checkpoints" in script
+
+
+def test_the_deployment_turns_auth_on_from_a_secret_and_probes_stay_open() -> None:
+    from pipeline.serve.access import is_open
+
+    (container,) = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    token = env["PIPELINE_SERVE_TOKEN"]
+    assert "value" not in token and token["valueFrom"]["secretKeyRef"]["name"] == "gtsrb-server-auth"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert is_open(container[probe]["httpGet"]["path"]), probe

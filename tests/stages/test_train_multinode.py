@@ -1,14 +1,17 @@
 """Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), each in its own working copy as on two
-machines, train one job: checkpoints in a folder both see, sealed by rank 0; a worker killed with SIGKILL
-mid-run is restarted by torchrun (--max-restarts) on both nodes from the last complete checkpoint, and the
-result is bit-identical to an uninterrupted two-node run; a checkpoint folder that is not shared is refused
-on every rank before any step."""
+machines, train one job: checkpoints in a folder both see, sealed by rank 0. A worker killed with SIGKILL is
+restarted by torchrun (--max-restarts) on both nodes from the last complete checkpoint; a whole node killed
+(agent and worker, kill -9 of its process group) and started again, as a Kubernetes Job would, rejoins and the
+job resumes. Both give weights bit-identical to an uninterrupted two-node run. A checkpoint folder that is not
+shared is refused on every rank before any step."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,66 +26,100 @@ from tests.helpers.prepared import write_prepared
 pytestmark = pytest.mark.slow
 
 
-def _two_nodes(root: Path, checkpoint_dir: str | None, kill_on_node_1: int = 0, restarts: int = 1) -> list[Path]:
-    """Run the two agents to the end; returns both working copies."""
-    port = free_port()
-    copies, agents = [], []
-    for node in (0, 1):
-        work = root / f"node{node}"
-        work.mkdir(parents=True)
-        write_prepared(work)  # each machine prepares (or `dvc pull`s) the same data
-        params = train_params(checkpoint_dir=checkpoint_dir or "models/checkpoints")
-        write_params_yaml(work / "params.yaml", params)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        env.pop(train.KILL_AFTER_STEP_ENV, None)
-        if node == 1 and kill_on_node_1:
-            env[train.KILL_AFTER_STEP_ENV] = str(kill_on_node_1)
+class Job:
+    """The two machines of one job: a working copy each (same data, same params), one rendezvous."""
+
+    def __init__(self, root: Path, checkpoint_dir: str | None, restarts: int = 1) -> None:
+        self.root, self.restarts, self.port = root, restarts, free_port()
+        self.copies: list[Path] = []
+        for node in (0, 1):
+            work = root / f"node{node}"
+            work.mkdir(parents=True)
+            write_prepared(work)  # each machine prepares (or `dvc pull`s) the same data
+            write_params_yaml(work / "params.yaml", train_params(checkpoint_dir=checkpoint_dir or "models/checkpoints"))
+            self.copies.append(work)
+        self.agents: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: int, env: dict[str, str] | None = None) -> None:
+        environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+        environment.pop("MLFLOW_TRACKING_URI", None)
+        if not env:
+            environment.pop(train.KILL_AFTER_STEP_ENV, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job",
-               "--max-restarts", str(restarts), "--monitor-interval", "0.5",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "job",
+               "--max-restarts", str(self.restarts), "--monitor-interval", "0.5",
                "-m", "pipeline.cli", "train", "-p", "params.yaml"]  # fmt: skip
-        log = (root / f"node{node}.log").open("w")
-        agents.append(subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT))
-        copies.append(work)
-    for agent in agents:
-        agent.wait(timeout=600)
-    root.joinpath("codes").write_text(" ".join(str(a.returncode) for a in agents))
-    return copies
+        log = (self.root / f"node{node}.log").open("a")
+        self.agents[node] = subprocess.Popen(
+            cmd, cwd=self.copies[node], env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        if node == 0:
+            time.sleep(2)  # node 0 binds the rendezvous endpoint and hosts its store, as the master node does
+
+    def wait(self) -> list[int]:
+        return [self.agents[n].wait(timeout=600) for n in (0, 1)]
+
+    def logs(self) -> str:
+        return "\n".join((self.root / f"node{n}.log").read_text()[-3000:] for n in (0, 1))
+
+    def trained(self) -> dict[str, torch.Tensor]:
+        """The model rank 0 wrote (the rendezvous decides which node is rank 0)."""
+        (path,) = [c / "models/model.pt" for c in self.copies if (c / "models/model.pt").exists()]
+        return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
-def _logs(root: Path) -> str:
-    return "\n".join((root / f"node{n}.log").read_text()[-3000:] for n in (0, 1))
+def _assert_same(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == expected.keys()
+    for key in got:
+        assert torch.equal(got[key], expected[key]), key
 
 
-def _trained(copies: list[Path]) -> dict[str, torch.Tensor]:
-    """The model rank 0 wrote (c10d decides which node is rank 0)."""
-    (path,) = [c / "models/model.pt" for c in copies if (c / "models/model.pt").exists()]
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
-
-
-def test_two_nodes_survive_a_killed_worker_and_match_an_uninterrupted_run(tmp_path: Path) -> None:
-    shared = tmp_path / "shared-a"
-    copies = _two_nodes(tmp_path / "a", str(shared))
-    assert (tmp_path / "a/codes").read_text() == "0 0", _logs(tmp_path / "a")
-    uninterrupted = _trained(copies)
-    (run_folder,) = list(shared.iterdir())
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    job = Job(root, str(root / "shared"))
+    job.start(0)
+    job.start(1)
+    assert job.wait() == [0, 0], job.logs()
+    (run_folder,) = list((root / "shared").iterdir())
     assert (run_folder / "step_00000016" / "trainer.json").exists()  # sealed once, where both nodes write
+    return job.trained()
 
-    shared = tmp_path / "shared-b"
-    copies = _two_nodes(tmp_path / "b", str(shared), kill_on_node_1=5)
-    logs = _logs(tmp_path / "b")
-    assert (tmp_path / "b/codes").read_text() == "0 0", logs
-    assert "Signals.SIGKILL" in logs or "SIGKILL" in logs, logs  # the agent saw its worker die, and restarted
-    resumed = _trained(copies)
-    assert resumed.keys() == uninterrupted.keys()
-    for key in resumed:
-        assert torch.equal(resumed[key], uninterrupted[key]), key
+
+def test_a_killed_worker_is_restarted_on_both_nodes_from_the_last_checkpoint(
+    uninterrupted: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    job = Job(tmp_path, str(tmp_path / "shared"))
+    job.start(0)
+    job.start(1, {train.KILL_AFTER_STEP_ENV: "5"})  # node 1's worker SIGKILLs itself after step 5
+    assert job.wait() == [0, 0], job.logs()
+    assert "SIGKILL" in job.logs()  # its agent saw the worker die, and both nodes restarted
+    _assert_same(job.trained(), uninterrupted)
+
+
+def test_a_lost_node_started_again_rejoins_and_the_job_resumes(
+    uninterrupted: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    job = Job(tmp_path, str(shared), restarts=3)
+    job.start(0)
+    job.start(1)
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith("step_") and not p.name.endswith(".partial") for p in shared.glob("*/*")):
+        assert time.monotonic() < deadline and job.agents[1].poll() is None, job.logs()
+        time.sleep(0.05)
+    os.killpg(job.agents[1].pid, signal.SIGKILL)  # the machine is gone: agent and worker at once
+    job.agents[1].wait()
+    job.start(1)  # ... and its supervisor starts it again
+    assert job.wait() == [0, 0], job.logs()
+    _assert_same(job.trained(), uninterrupted)
 
 
 def test_a_checkpoint_folder_that_is_not_shared_is_refused_on_every_rank(tmp_path: Path) -> None:
-    _two_nodes(tmp_path, None, restarts=0)  # relative: each machine its own models/checkpoints
-    logs = _logs(tmp_path)
-    assert (tmp_path / "codes").read_text() != "0 0"
-    assert "train.checkpoint_dir" in logs and "is not shared" in logs, logs
-    assert not any((tmp_path / f"node{n}/models/model.pt").exists() for n in (0, 1))
+    job = Job(tmp_path, None, restarts=0)  # relative: each machine its own models/checkpoints
+    job.start(0)
+    job.start(1)
+    codes = job.wait()
+    assert codes != [0, 0]
+    assert "train.checkpoint_dir" in job.logs() and "is not shared" in job.logs(), job.logs()
+    assert not any((c / "models/model.pt").exists() for c in job.copies)

@@ -1,0 +1,105 @@
+"""Per request: an id, one structured access-log line, and optional bearer-token auth, as one ASGI middleware.
+
+- Request id: the client's `X-Request-ID` when it is a sane token (1-128 of `A-Za-z0-9._:-`), else a new one;
+  echoed in every answer's `X-Request-ID` header (errors included) and in the log line, so a client's report
+  and the server's log meet. OIP v2 answers also carry the request's own `id` field, as the protocol says.
+- Access log (`serve.access_log`): one JSON object per request on the `pipeline.access` logger: time, id,
+  method, path, status, milliseconds, response bytes, client address.
+- Auth: when the environment variable named by `serve.auth_token_env` (default PIPELINE_SERVE_TOKEN) holds a
+  token, the inference and model routes need `Authorization: Bearer <token>` (401 otherwise, compared in
+  constant time); health, readiness and /metrics stay open for probes and Prometheus. The token never comes
+  from params.yaml, so it is never in git.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+ACCESS_LOG = logging.getLogger("pipeline.access")
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+OPEN_PATHS = ("/v2/health/", "/metrics", "/docs", "/openapi.json")
+
+
+def is_open(path: str) -> bool:
+    return path.startswith(OPEN_PATHS) or path == "/v2"
+
+
+class RequestContext:
+    def __init__(self, app: ASGIApp, token: str | None, access_log: bool) -> None:
+        self.app = app
+        self.token = f"Bearer {token}".encode() if token else None
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        given = b""
+        authorization = b""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value
+            elif name == b"authorization":
+                authorization = value
+        text = given.decode("latin-1")
+        request_id = text if _SANE_ID.match(text) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+        status, sent = 0, 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), header]
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            if (
+                self.token is not None
+                and not is_open(scope["path"])
+                and not hmac.compare_digest(authorization, self.token)
+            ):
+                body = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
+                await send_with_id(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", b'Bearer realm="inference"'),
+                        ],
+                    }
+                )
+                await send_with_id({"type": "http.response.body", "body": body})
+                return
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if self.access_log:
+                client = scope.get("client")
+                ACCESS_LOG.info(
+                    json.dumps(
+                        {
+                            "ts": round(time.time(), 3),
+                            "request_id": request_id,
+                            "method": scope["method"],
+                            "path": scope["path"],
+                            "status": status or 500,
+                            "ms": round((time.perf_counter() - started) * 1000, 3),
+                            "bytes": sent,
+                            "client": f"{client[0]}:{client[1]}" if client else None,
+                        },
+                        separators=(",", ":"),
+                    )
+                )
