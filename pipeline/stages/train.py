@@ -426,7 +426,7 @@ def _finish(mlrun: Any, summary: dict[str, Any], wall: float) -> None:
 def _run_torchrun(params: Params, rank: int, world: int) -> None:
     """Under torchrun: every process calls run(); rank 0 owns the MLflow run and the reports."""
     manifest = _check_inputs()
-    dist.init_process_group(distributed.backend_for(distributed.choose_device(params.train.device)))
+    distributed.init_torchrun_group(rank, world, distributed.choose_device(params.train.device))
     try:
         _check_same_run_everywhere(run_checkpoints(params, manifest), rank, world)
         resume = _find_resume(params, manifest, main=rank == 0)

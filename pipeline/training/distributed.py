@@ -118,3 +118,27 @@ def torchrun_world() -> tuple[int, int] | None:
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None
+
+
+def init_torchrun_group(rank: int, world: int, device: torch.device) -> None:
+    """The process group under torchrun, its keys prefixed with torchrun's restart count: after an elastic restart
+    the rendezvous store still holds the previous round's addresses, and gloo connecting to a dead worker's
+    address would wait for it indefinitely (seen with a worker killed on one of two nodes)."""
+    from datetime import timedelta
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_store,  # torchrun's agent hosts the store; else rank 0 does
+        timeout=timedelta(minutes=5),
+    )
+    dist.init_process_group(
+        backend_for(device),
+        store=dist.PrefixStore(f"pipeline/restart{restart}/", store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=10),  # a peer lost mid-step fails the step instead of hanging for 30 min
+    )
