@@ -217,6 +217,7 @@ def worker(
             session_samples += len(batch.labels)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
                 saving_from = time.perf_counter()
+                distributed.buffers_from_rank0(model, t.strategy, d)
                 ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
                 last_saved = step
                 clock["saving"] += time.perf_counter() - saving_from  # saving is not training time
@@ -250,6 +251,7 @@ def worker(
             log({k: v for k, v in entry.items() if k != "epoch"}, epoch + 1)
 
     if last_saved != step:
+        distributed.buffers_from_rank0(model, t.strategy, d)
         ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
     full = ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}

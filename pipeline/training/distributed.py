@@ -142,3 +142,12 @@ def init_torchrun_group(rank: int, world: int, device: torch.device) -> None:
         world_size=world,
         timeout=timedelta(minutes=10),  # a peer lost mid-step fails the step instead of hanging for 30 min
     )
+
+
+def buffers_from_rank0(model: nn.Module, strategy: str, d: Dist) -> None:
+    """Before a checkpoint under DDP: every rank takes rank 0's buffers (BatchNorm running statistics). DDP does the
+    same at the next forward anyway, so training is unchanged; but DCP writes one copy of a replicated tensor from
+    whichever rank its planner picks, and a resumed run must start from rank 0's, as the uninterrupted one goes on."""
+    if d.world > 1 and strategy == "ddp":
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
