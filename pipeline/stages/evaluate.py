@@ -4,7 +4,7 @@ Reads models/model.pt and data/prepared (test.npz and the test split's original 
 users get: the original files, whole, through the server's own decode + preprocess (`accuracy`); the ROI-protocol
 figure on the prepared crops (how papers report GTSRB) is `roi_accuracy` beside it.
 Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class accuracy, the worst classes), confusion.csv (one row per test image,
-`actual,predicted`: DVC's confusion plot), confusion.png, predictions.json (artifacts.predictions: what
+`actual,predicted`: DVC's confusion plot), confusion.png, per_class.png, predictions.json (artifacts.predictions: what
 deploy's smoke test must reproduce through the API), and logs all of it to one MLflow run.
 `evaluate.min_accuracy` fails the stage (StageError) when the test accuracy is below it.
 """
@@ -151,6 +151,17 @@ def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any]
     fig.savefig(EVAL_REPORTS / "confusion.png", dpi=110)
     plt.close(fig)
 
+    # Per-class accuracy on the headline's input, worst first: the chart people open next to the confusion matrix.
+    figures = sorted(metrics["per_class"].items(), key=lambda item: item[1]["accuracy"])
+    fig, ax = plt.subplots(figsize=(9, max(4.0, 0.22 * len(figures))))
+    ax.barh([name[:40] for name, _ in figures], [v["accuracy"] for _, v in figures], color="tab:blue")
+    ax.set(xlim=(0, 1), xlabel="accuracy", title=f"Per-class accuracy ({metrics['measured_on']}), worst first")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=6)
+    fig.tight_layout()
+    fig.savefig(EVAL_REPORTS / "per_class.png", dpi=110)
+    plt.close(fig)
+
 
 def run(params: Params) -> None:
     import torch
@@ -206,7 +217,7 @@ def run(params: Params) -> None:
             }
         )
         mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
-        for name in ("metrics.json", "confusion.csv", "confusion.png", "predictions.json"):
+        for name in ("metrics.json", "confusion.csv", "confusion.png", "per_class.png", "predictions.json"):
             mlrun.log_artifact(EVAL_REPORTS / name, "reports")
         worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
         console.log(

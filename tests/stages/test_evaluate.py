@@ -69,6 +69,7 @@ def test_reports_and_gate_failure_message(project: Path) -> None:
         f"{written.classes[a]},{written.classes[p]}" for a, p in zip(written.labels, written.predicted, strict=True)
     ] == rows[1:]
     assert (project / "reports/evaluate/confusion.png").stat().st_size > 0
+    assert (project / "reports/evaluate/per_class.png").stat().st_size > 0
 
 
 def test_gate_passes_when_met(project: Path) -> None:
