@@ -275,9 +275,7 @@ def platform_dvc_remote(folder: Path = PlatformDir, name: str = typer.Option("te
         team_stack.dvc_remote(stack, Path.cwd(), name)
     except StageError as exc:
         _fail(str(exc))
-    typer.echo(
-        f"dvc remote {name!r}: s3://{team_stack.DVC_BUCKET}/store at {stack.s3_endpoint}; `dvc push` / `dvc pull`"
-    )
+    typer.echo(f"dvc remote {name!r}: {team_stack.DVC_URL} at {stack.s3_endpoint}; `dvc push` / `dvc pull`")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pipeline.ports import ensure_free, free_port
 
 ARTIFACT_BUCKET = "mlflow"
 DVC_BUCKET = "dvc"
+DVC_URL = f"s3://{DVC_BUCKET}/store"  # the team remote's URL (.dvc/config)
 DB_NAME = DB_USER = "mlflow"
 STATE_FILE = "stack.json"
 
@@ -328,9 +329,8 @@ def _stop_group(pid: int, timeout_s: float = 20) -> None:
 def dvc_remote(stack: Stack, repo: Path, name: str = "team") -> None:
     """Make `name` the default DVC remote of `repo`: the stack's `dvc` bucket; the keys in .dvc/config.local."""
     dvc = [sys.executable, "-m", "dvc"]
-    url = f"s3://{DVC_BUCKET}/store"
     for args in (
-        ["remote", "add", "--force", "--default", name, url],
+        ["remote", "add", "--force", "--default", name, DVC_URL],
         ["remote", "modify", name, "endpointurl", stack.s3_endpoint],
         ["remote", "modify", "--local", name, "access_key_id", stack.credentials.s3_access_key],
         ["remote", "modify", "--local", name, "secret_access_key", stack.credentials.s3_secret_key],

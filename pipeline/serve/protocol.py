@@ -160,7 +160,9 @@ def tensor_images(
             if tensor.data is None:
                 raise BadRequest(f"input {tensor.name!r}: no data")
             try:
-                values: np.ndarray = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+                # FP32 straight to float32 (the hot path); UINT8 via float64 so that 255.5 or 1e300 are seen
+                parse_as = np.float32 if kind == "FP32" else np.float64
+                values: np.ndarray = np.asarray(tensor.data, dtype=parse_as).reshape(-1)
             except (TypeError, ValueError, OverflowError):  # OverflowError: an integer literal beyond float range
                 raise BadRequest(f"input {tensor.name!r}: data must be numbers within {kind} range") from None
             if values.size != count:
@@ -173,7 +175,8 @@ def tensor_images(
             array = values
         if kind == "UINT8":
             return [(array.astype(np.float32) * np.float32(1 / 255)).reshape(shape)]
-        array = array.astype(np.float32)  # a writable copy, as before
+        if raw is not None:
+            array = array.astype(np.float32)  # frombuffer's view is read-only: a writable copy, as before
         if not np.isfinite(array).all():
             raise BadRequest(f"input {tensor.name!r}: values must be finite")
         return [array.reshape(shape)]
