@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 class Job:
     """The two machines of one job: a working copy each (same data, same params), one rendezvous."""
 
-    def __init__(self, root: Path, checkpoint_dir: str | None, restarts: int = 1) -> None:
+    def __init__(self, root: Path, checkpoint_dir: str | None, restarts: int = 3) -> None:
         self.root, self.restarts, self.port = root, restarts, free_port()
         self.copies: list[Path] = []
         for node in (0, 1):
