@@ -19,7 +19,7 @@ LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client pack
 WORKFLOW ?= ci
 ACT_ARGS ?=
 
-.PHONY: help env env-light pipeline test test-fast lint mlflow-ui platform-up platform-down act clean
+.PHONY: help env env-light pipeline test test-fast lint mlflow-ui platform-up platform-down platform-image act clean
 
 help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
@@ -28,6 +28,7 @@ help:
 	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:$(MLFLOW_UI_PORT) (MLFLOW_UI_PORT=...)"
 	@echo "make platform-up    the team tracking stack here: PostgreSQL + SeaweedFS S3 + MLflow server (PLATFORM_DIR)"
 	@echo "make platform-down  stop it (data kept in PLATFORM_DIR)"
+	@echo "make platform-image the same stack's image for deploy/platform/compose.yaml (credentials in PLATFORM_DIR)"
 	@echo "make act        run a GitHub workflow locally with act (WORKFLOW=ci|pipeline, ACT_ARGS=...)"
 
 .tools/bin/uv:
@@ -62,6 +63,9 @@ platform-up: env
 
 platform-down: env
 	$(UV) run --frozen pipeline platform down --dir $(PLATFORM_DIR)
+
+platform-image: env
+	$(UV) run --frozen pipeline platform image --dir $(PLATFORM_DIR)
 
 test: lint
 	$(UV) run --frozen pytest $(PYTEST_ARGS)

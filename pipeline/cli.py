@@ -230,7 +230,10 @@ def image_context(ctx: typer.Context) -> None:
     _tool("pipeline.ship.image_context", ctx)
 
 
-platform_app = typer.Typer(help="The team tracking stack without Docker: PostgreSQL + SeaweedFS S3 + MLflow server.")
+platform_app = typer.Typer(
+    help="The team tracking stack (PostgreSQL + SeaweedFS S3 + MLflow server): processes here (up, down) or containers "
+    "(image, then deploy/platform/compose.yaml)."
+)
 app.add_typer(platform_app, name="platform")
 PlatformDir = typer.Option(Path(".platform"), "--dir", help="Where the stack keeps its data, logs and credentials.")
 
@@ -264,18 +267,49 @@ def platform_down(folder: Path = PlatformDir) -> None:
 
 
 @platform_app.command("dvc-remote")
-def platform_dvc_remote(folder: Path = PlatformDir, name: str = typer.Option("team", help="Remote name.")) -> None:
+def platform_dvc_remote(
+    folder: Path = PlatformDir,
+    name: str = typer.Option("team", help="Remote name."),
+    endpoint: str = typer.Option(
+        "",
+        help="The S3 gateway's URL, for the compose stack (e.g. http://127.0.0.1:8333); default: the running stack's.",
+    ),
+) -> None:
     """Make the stack's S3 bucket this repository's default DVC remote (keys in .dvc/config.local, git-ignored)."""
     from pipeline import team_stack
 
-    stack = team_stack.Stack.read(folder)
-    if stack is None:
-        _fail(f"no stack running from {folder}: `pipeline platform up` first")
+    if endpoint:
+        credentials = team_stack.Credentials.load(folder)
+    else:
+        stack = team_stack.Stack.read(folder)
+        if stack is None:
+            _fail(f"no stack running from {folder}: `pipeline platform up` first (or --endpoint for the compose stack)")
+        endpoint, credentials = stack.s3_endpoint, stack.credentials
     try:
-        team_stack.dvc_remote(stack, Path.cwd(), name)
+        team_stack.dvc_remote(endpoint, credentials, Path.cwd(), name)
     except StageError as exc:
         _fail(str(exc))
-    typer.echo(f"dvc remote {name!r}: {team_stack.DVC_URL} at {stack.s3_endpoint}; `dvc push` / `dvc pull`")
+    typer.echo(f"dvc remote {name!r}: {team_stack.DVC_URL} at {endpoint}; `dvc push` / `dvc pull`")
+
+
+@platform_app.command("image")
+def platform_image(
+    folder: Path = PlatformDir,
+    tag: str = typer.Option("gtsrb-platform:latest", help="Image tag (compose.yaml: PLATFORM_IMAGE)."),
+    base_image: str = typer.Option(
+        "local/python:3.11-slim-bookworm", help="Base with python3 3.11 + venv (docker/base-image.sh builds this one)."
+    ),
+) -> None:
+    """Build the image deploy/platform/compose.yaml runs; make sure --dir/credentials.env exists for --env-file."""
+    from pipeline import team_stack
+
+    try:
+        seconds = team_stack.build_image(tag, base_image)
+    except StageError as exc:
+        _fail(str(exc))
+    team_stack.Credentials.load(folder)
+    typer.echo(f"built {tag} in {seconds:.0f} s; credentials in {folder / 'credentials.env'}")
+    typer.echo(f"docker compose -f deploy/platform/compose.yaml --env-file {folder / 'credentials.env'} up -d")
 
 
 if __name__ == "__main__":

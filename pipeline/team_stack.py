@@ -326,15 +326,55 @@ def _stop_group(pid: int, timeout_s: float = 20) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
-def dvc_remote(stack: Stack, repo: Path, name: str = "team") -> None:
-    """Make `name` the default DVC remote of `repo`: the stack's `dvc` bucket; the keys in .dvc/config.local."""
+def dvc_remote(endpoint: str, credentials: Credentials, repo: Path, name: str = "team") -> None:
+    """Make `name` the default DVC remote of `repo`: the stack's `dvc` bucket at the S3 `endpoint`; the keys in
+    .dvc/config.local."""
     dvc = [sys.executable, "-m", "dvc"]
     for args in (
         ["remote", "add", "--force", "--default", name, DVC_URL],
-        ["remote", "modify", name, "endpointurl", stack.s3_endpoint],
-        ["remote", "modify", "--local", name, "access_key_id", stack.credentials.s3_access_key],
-        ["remote", "modify", "--local", name, "secret_access_key", stack.credentials.s3_secret_key],
+        ["remote", "modify", name, "endpointurl", endpoint],
+        ["remote", "modify", "--local", name, "access_key_id", credentials.s3_access_key],
+        ["remote", "modify", "--local", name, "secret_access_key", credentials.s3_secret_key],
     ):
         done = subprocess.run([*dvc, *args], cwd=repo, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise StageError(f"dvc {' '.join(args[:3])} failed: {done.stderr.strip()}")
+
+
+# ---- the same stack as containers: deploy/platform/compose.yaml runs this image three times ----
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = REPO_ROOT / "deploy" / "platform" / "compose.yaml"
+PLATFORM_DOCKERFILE = REPO_ROOT / "docker" / "platform.Dockerfile"
+PLATFORM_ENTRYPOINT = REPO_ROOT / "docker" / "platform-entrypoint.sh"
+PLATFORM_REQUIREMENTS = REPO_ROOT / "docker" / "requirements-platform.in"
+PLATFORM_IMAGE = "gtsrb-platform:latest"
+
+
+def build_image(tag: str = PLATFORM_IMAGE, base_image: str = "local/python:3.11-slim-bookworm") -> float:
+    """Build the stack's image (PostgreSQL from Debian; mlflow, psycopg2, boto3, weed from a wheelhouse of uv.lock's
+    versions downloaded here, so the build needs no PyPI access). Returns the build's wall time in seconds."""
+    import tempfile
+
+    from pipeline.ship import context as ctx
+    from pipeline.ship import engine as docker_engine
+
+    engine = docker_engine.find_engine()
+    arch = engine.native_platform.split("/")[1]
+    docker_engine.ensure_base_image(engine, base_image, arch, "platform image: ")
+    wheels = ctx.download_wheels(
+        engine.native_platform, ctx.wheel_cache_dir() / f"platform-{arch}", PLATFORM_REQUIREMENTS
+    )
+    # Beside the wheel cache, so that the wheels are hard links, not copies.
+    with tempfile.TemporaryDirectory(prefix="platform-context-", dir=wheels.parent) as tmp:
+        context = Path(tmp)
+        ctx.stage_wheels(wheels, context / "wheels", engine.native_platform)
+        shutil.copy2(PLATFORM_ENTRYPOINT, context / "entrypoint.sh")
+        shutil.copy2(PLATFORM_DOCKERFILE, context / "Dockerfile")
+        return docker_engine.build(
+            engine,
+            context,
+            context / "Dockerfile",
+            [tag],
+            {"BASE_IMAGE": base_image},
+            progress_prefix="platform image: ",
+        )

@@ -174,7 +174,7 @@ def test_a_teammate_dvc_pulls_the_results_from_the_s3_remote(sweep: Sweep, tmp_p
 
     work, env = sweep.work, sweep.env
     run([*DVC, "exp", "apply", "lr-low"], work, env)
-    dvc_remote(sweep.stack, work)
+    dvc_remote(sweep.stack.s3_endpoint, sweep.stack.credentials, work)
     run(["git", "add", "-A"], work, env)
     run(["git", "commit", "-qm", "lr-low, with the team remote"], work, env)
     secret = sweep.stack.credentials.s3_secret_key

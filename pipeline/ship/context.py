@@ -110,14 +110,15 @@ def platform_tags(platform_name: str) -> list[str]:
     return [*tags, f"manylinux2014_{machine}"]
 
 
-def download_wheels(platform_name: str, dest: Path) -> Path:
-    """Wheels of the serving requirements (pinned to uv.lock) for `platform_name`, CPython 3.11, into `dest`
-    (a persistent cache: files already there are not downloaded again). Writes dest/requirements.txt."""
-    requirements = read_requirements()
+def download_wheels(platform_name: str, dest: Path, requirements_in: Path = REQUIREMENTS_IN) -> Path:
+    """Wheels of an image's requirements (default: the server's; pinned to uv.lock) for `platform_name`,
+    CPython 3.11, into `dest` (a persistent cache: files already there are not downloaded again). Writes
+    dest/requirements.txt."""
+    requirements = read_requirements(requirements_in)
     versions = locked_versions(platform_name=platform_name)
     missing = [name for name in requirements if _normalise(name) not in {_normalise(k) for k in versions}]
     if missing:
-        raise StageError(f"{REQUIREMENTS_IN}: not in {LOCK_FILE}: {', '.join(missing)}")
+        raise StageError(f"{requirements_in}: not in {LOCK_FILE}: {', '.join(missing)}")
     dest.mkdir(parents=True, exist_ok=True)
     constraints = dest / "constraints.txt"
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(versions.items())))
@@ -136,7 +137,7 @@ def download_wheels(platform_name: str, dest: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
-        raise StageError(f"downloading the serving wheels for {platform_name} failed:\n{tail}")
+        raise StageError(f"downloading the wheels of {requirements_in.name} for {platform_name} failed:\n{tail}")
     stamp.write_text(key + "\n")
     return dest
 
@@ -210,13 +211,7 @@ def stage_context(
     if context.exists():
         shutil.rmtree(context)
     (context / "app" / "models").mkdir(parents=True)
-    # Wheels: hard links when the cache is on the same filesystem (no copy of ~60 MB per build).
-    (context / "wheels").mkdir()
-    versions = {_normalise(k): v for k, v in locked_versions(platform_name=platform_name).items()}
-    wanted = [p.name for p in wheels.glob("*.whl") if _wheel_is_locked(p.name, versions)]
-    for name in sorted(wanted):
-        _link_or_copy(wheels / name, context / "wheels" / name)
-    shutil.copy2(wheels / "requirements.txt", context / "wheels" / "requirements.txt")
+    stage_wheels(wheels, context / "wheels", platform_name)
     shutil.copytree(
         PACKAGE_DIR,
         context / "app" / "pipeline",
@@ -245,6 +240,17 @@ def stage_context(
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     log(f"containerize: build context staged in {context} ({sum(1 for _ in context.rglob('*'))} entries)")
     return digest.hexdigest()
+
+
+def stage_wheels(wheels: Path, dest: Path, platform_name: str) -> None:
+    """The locked wheels of a download_wheels cache and its requirements.txt, into a build context's `dest`:
+    hard links when the cache is on the same filesystem (no copy per build)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    versions = {_normalise(k): v for k, v in locked_versions(platform_name=platform_name).items()}
+    wanted = [p.name for p in wheels.glob("*.whl") if _wheel_is_locked(p.name, versions)]
+    for name in sorted(wanted):
+        _link_or_copy(wheels / name, dest / name)
+    shutil.copy2(wheels / "requirements.txt", dest / "requirements.txt")
 
 
 def _wheel_is_locked(filename: str, versions: dict[str, str]) -> bool:

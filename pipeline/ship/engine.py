@@ -118,6 +118,20 @@ def inspect_image(engine: Engine, ref: str) -> dict[str, Any]:
     return dict(data[0])
 
 
+def ensure_base_image(engine: Engine, base: str, arch: str, log_prefix: str) -> None:
+    """A `local/...` base missing from the engine is built here with docker/base-image.sh (debootstrap from the
+    Debian mirror: no registry of base images needed); any other base is left for the build to pull."""
+    if image_exists(engine, base) or not base.startswith("local/"):
+        return
+    from pipeline.console import log
+
+    script = Path(__file__).resolve().parents[2] / "docker" / "base-image.sh"
+    log(f"{log_prefix}building the base image {base} ({arch}) with {script.name} (debootstrap, minutes)")
+    proc = subprocess.run(["bash", str(script), base, arch], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StageError(f"building the base image {base} failed:\n{(proc.stdout + proc.stderr).strip()[-1500:]}")
+
+
 def build(
     engine: Engine,
     context: Path,

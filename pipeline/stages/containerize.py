@@ -72,18 +72,6 @@ def base_for(config: ContainerizeConfig, arch: str, native: bool) -> str:
     return f"{config.base_image}-{arch}"
 
 
-def ensure_base(engine: eng.Engine, base: str, arch: str) -> None:
-    if eng.image_exists(engine, base):
-        return
-    if not base.startswith("local/"):
-        return  # the build pulls it
-    script = REPO_ROOT / "docker" / "base-image.sh"
-    log(f"containerize: building the base image {base} ({arch}) with {script.name} (debootstrap, minutes)")
-    proc = subprocess.run(["bash", str(script), base, arch], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise StageError(f"building the base image {base} failed:\n{(proc.stdout + proc.stderr).strip()[-1500:]}")
-
-
 def skipped(reason: str) -> None:
     image_file.write(image_file.ImageRecord(skipped=True, reason=reason))
     log(f"containerize: skipped ({reason})")
@@ -110,7 +98,7 @@ def run(params: Params) -> None:
         arch = platform_arch(platform_name)
         native = f"linux/{arch}" == engine.native_platform
         base = base_for(config, arch, native)
-        ensure_base(engine, base, arch)
+        eng.ensure_base_image(engine, base, arch, "containerize: ")
         if not native:
             _ensure_emulation()
         wheels = ctx.download_wheels(f"linux/{arch}", ctx.wheel_cache_dir() / arch)
