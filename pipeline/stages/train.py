@@ -43,8 +43,10 @@ from pipeline.training import distributed
 from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr
 
 TRAIN_REPORTS = REPORTS_DIR / "train"
-# Test hook: SIGKILL this process right after the given global step (and its checkpoint, if any).
+# Test hook: SIGKILL this process right after the given global step (and its checkpoint, if any); with
+# KILL_NODE_ENV=1 its parent first (torchrun's agent): the whole machine lost at once.
 KILL_AFTER_STEP_ENV = "PIPELINE_KILL_AFTER_STEP"
+KILL_NODE_ENV = "PIPELINE_KILL_NODE"
 
 # DCP warns on every save/load without a process group that it assumes a single process: that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -222,6 +224,8 @@ def worker(
                 last_saved = step
                 clock["saving"] += time.perf_counter() - saving_from  # saving is not training time
             if kill_after and step == kill_after:
+                if os.environ.get(KILL_NODE_ENV) == "1":
+                    os.kill(os.getppid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
         elapsed = training_seconds()
         trainer["train_seconds"] += elapsed

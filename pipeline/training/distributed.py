@@ -121,13 +121,27 @@ def torchrun_world() -> tuple[int, int] | None:
 
 
 def init_torchrun_group(rank: int, world: int, device: torch.device) -> None:
-    """The process group under torchrun, its keys prefixed with torchrun's restart count: after an elastic restart
-    the rendezvous store still holds the previous round's addresses, and gloo connecting to a dead worker's
-    address would wait for it indefinitely (seen with a worker killed on one of two nodes)."""
+    """The process group under torchrun.
+
+    With torchrun's shared store (its default), keys are prefixed with torchrun's restart count: after an elastic
+    restart that store still holds the previous round's addresses, and gloo connecting to a dead worker's address
+    would wait for it indefinitely (seen with a worker killed on one of two nodes). That count is each agent's own,
+    though: an agent started again on a replaced machine counts from 0 while the others count on, and their
+    groups never meet (pytorch/pytorch#135712). With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on the agents, every
+    round hands workers a fresh address and rank 0 hosts a new, empty store: no prefix, and a replaced machine
+    rejoins (tests/stages/test_train_multinode.py). Multi-node runs should set it; we say so when they do not."""
     from datetime import timedelta
 
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    prefix = f"pipeline/restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/" if agent_store else "pipeline/"
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    if agent_store and nodes > 1 and rank == 0:
+        from pipeline.console import log
+
+        log(
+            "train: torchrun shares its rendezvous store with the workers: a machine replaced mid-run cannot "
+            "rejoin; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun on every machine"
+        )
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
@@ -137,7 +151,7 @@ def init_torchrun_group(rank: int, world: int, device: torch.device) -> None:
     )
     dist.init_process_group(
         backend_for(device),
-        store=dist.PrefixStore(f"pipeline/restart{restart}/", store),
+        store=dist.PrefixStore(prefix, store),
         rank=rank,
         world_size=world,
         timeout=timedelta(minutes=10),  # a peer lost mid-step fails the step instead of hanging for 30 min

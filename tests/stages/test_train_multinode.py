@@ -1,8 +1,9 @@
 """Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), each in its own working copy as on two
 machines, train one job: checkpoints in a folder both see, sealed by rank 0. A worker killed with SIGKILL is
 restarted by torchrun (--max-restarts) on both nodes from the last complete checkpoint, and the result is
-bit-identical to an uninterrupted two-node run. A checkpoint folder that is not shared is refused on every rank
-before any step."""
+bit-identical to an uninterrupted two-node run; so is the run where a whole machine is lost (its agent and worker
+SIGKILLed together) and started again. A checkpoint folder that is not shared is refused on every rank before any
+step."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ pytestmark = pytest.mark.slow
 class Job:
     """The two machines of one job: a working copy each (same data, same params), one rendezvous."""
 
-    def __init__(self, root: Path, checkpoint_dir: str | None, restarts: int = 3) -> None:
+    def __init__(
+        self, root: Path, checkpoint_dir: str | None, restarts: int = 3, agent_env: dict[str, str] | None = None
+    ) -> None:
         self.root, self.restarts, self.port = root, restarts, free_port()
+        self.agent_env = agent_env or {}  # torchrun's own settings, the same on every machine
         self.copies: list[Path] = []
         for node in (0, 1):
             work = root / f"node{node}"
@@ -39,10 +43,11 @@ class Job:
         self.agents: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, node: int, env: dict[str, str] | None = None) -> None:
-        environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+        environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **self.agent_env, **(env or {})}
         environment.pop("MLFLOW_TRACKING_URI", None)
         if not env:
             environment.pop(train.KILL_AFTER_STEP_ENV, None)
+            environment.pop(train.KILL_NODE_ENV, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "job",
                "--max-restarts", str(self.restarts), "--monitor-interval", "0.5",
@@ -93,6 +98,23 @@ def test_a_killed_worker_is_restarted_on_both_nodes_from_the_last_checkpoint(
     assert job.wait() == [0, 0], job.logs()
     assert "exitcode: -9" in job.logs()  # its agent saw the worker die (SIGKILL), and both nodes restarted
     _assert_same(job.trained(), uninterrupted)
+    # torchrun's default shared store: rank 0 says that a replaced machine could not rejoin, and what to set.
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in job.logs()
+
+
+def test_a_lost_machine_started_again_rejoins_and_the_job_resumes_from_the_last_checkpoint(
+    uninterrupted: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    # What the README tells multi-node users to set: each rendezvous round gets a fresh store.
+    job = Job(tmp_path, str(tmp_path / "shared"), agent_env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    job.start(0)
+    job.start(1, {train.KILL_AFTER_STEP_ENV: "5", train.KILL_NODE_ENV: "1"})  # agent + worker die after step 5
+    assert job.agents[1].wait(timeout=300) == -9  # the machine is gone; node 0's worker fails, its agent waits
+    job.start(1)  # the machine comes back: a new agent, restart count 0, joins node 0's next round
+    assert job.wait() == [0, 0], job.logs()
+    assert "resumed from" in job.logs() and "step 3)" in job.logs()  # the last complete checkpoint before the loss
+    _assert_same(job.trained(), uninterrupted)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" not in job.logs()
 
 
 def test_a_checkpoint_folder_that_is_not_shared_is_refused_on_every_rank(tmp_path: Path) -> None:
