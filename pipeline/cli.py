@@ -171,15 +171,17 @@ def serve(
     params: Path = ParamsOption,
     host: str | None = typer.Option(None, help="Override serve.host (e.g. 0.0.0.0 in a container)."),
     port: int | None = typer.Option(None, help="Override serve.port."),
+    grpc_port: int | None = typer.Option(None, help="Override serve.grpc_port (OIP v2 over gRPC; 0 = off)."),
     variant: str | None = typer.Option(None, help="Override serve.variant."),
     backend: str | None = typer.Option(None, help="Override serve.backend."),
     max_batch_size: int | None = typer.Option(None, help="Override serve.max_batch_size (1 = no batching)."),
     threads: int | None = typer.Option(None, help="Override serve.threads (e.g. the pod's CPU limit)."),
 ) -> None:
-    """Serve the chosen model over HTTP (Open Inference Protocol v2 and /v1/predict)."""
+    """Serve the chosen model over HTTP (Open Inference Protocol v2 and /v1/predict), and gRPC (OIP v2) if asked."""
     overrides: dict[str, object] = {
         "host": host,
         "port": port,
+        "grpc_port": grpc_port,
         "variant": variant,
         "backend": backend,
         "max_batch_size": max_batch_size,

@@ -200,6 +200,9 @@ class ServeConfig(Section):
     host: str = "127.0.0.1"
     """Interface to listen on (the container image passes 0.0.0.0)."""
     port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(0, ge=0, le=65535)
+    """Open Inference Protocol v2 over gRPC (Triton's / KServe's clients) on this port, same host; 0 = off. The
+    image serves it on 8001 (Triton's convention)."""
     model_name: str = Field("gtsrb", pattern=r"^[A-Za-z0-9_.-]+$")
     """Name under which the Open Inference Protocol API serves the model (/v2/models/{name})."""
     variant: str = "auto"

@@ -230,15 +230,34 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         metrics.batch_stats(),
     )
     state = {"ready": False}
+    token = os.environ.get(config.auth_token_env) or None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         batcher.start()
         # Warm up (first calls allocate, compile or pick kernels) before saying ready.
         await batcher.infer(np.zeros((1, 3, model.image_size, model.image_size), dtype=np.float32))
+        grpc_server = None
+        if config.grpc_port:  # OIP v2 over gRPC in the same process and event loop: one batcher, one model
+            from pipeline.serve.grpc_server import OipCore, start_grpc
+
+            core = OipCore(
+                config=config,
+                version=model.version,
+                ready=lambda: state["ready"],
+                live=lambda: batcher.alive,
+                check_model=check_model,
+                metadata=lambda: model_metadata_payload(),
+                infer=infer_outputs,
+                token=token,
+                metrics=metrics,
+            )
+            grpc_server = await start_grpc(core)
         state["ready"] = True
         yield
         state["ready"] = False
+        if grpc_server is not None:  # refuse new calls, let those in flight finish, as HTTP does
+            await grpc_server.stop(config.drain_timeout_s)
         await batcher.drain(config.drain_timeout_s)
 
     app = FastAPI(
@@ -253,7 +272,6 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(Observe, metrics=metrics)  # sees every response, 413s included
     # outermost: every answer (401, 413, 503 included) carries the request id and gets its log line
-    token = os.environ.get(config.auth_token_env) or None
     app.add_middleware(RequestContext, token=token, access_log=config.access_log)
 
     @app.exception_handler(HTTPException)
@@ -324,6 +342,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     )
     async def model_metadata(name: str) -> dict[str, Any]:
         check_model(name)
+        return model_metadata_payload()
+
+    def model_metadata_payload() -> dict[str, Any]:
         s = model.image_size
         return {
             "name": config.model_name,
@@ -374,24 +395,14 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         body = await request.body()
         try:
             parsed, binary = parse_infer_body(body, request.headers.get(BINARY_HEADER))
-            inputs = tensor_images(parsed, binary, model.image_size, config.max_images_per_request)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
-        if isinstance(inputs[0], np.ndarray):
-            images = inputs[0]
-        else:
-            images = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
-        probabilities = await run_model(images)
-        wanted = [o.name for o in parsed.outputs] if parsed.outputs else list(OUTPUT_NAMES)
-        unknown = [n for n in wanted if n not in OUTPUT_NAMES]
-        if unknown:
-            raise HTTPException(400, f"unknown output {unknown[0]!r}; available: {', '.join(OUTPUT_NAMES)}")
-        values = {"probabilities": probabilities, "class_id": probabilities.argmax(axis=1).astype(np.int64)}
+        values = await infer_outputs(parsed, binary)
         binary_out = flag((parsed.parameters or {}).get("binary_data_output"), "parameters.binary_data_output") or any(
             flag((o.parameters or {}).get("binary_data"), f"outputs.{o.name}.parameters.binary_data")
             for o in parsed.outputs or []
         )
-        described, chunks = encode_outputs({n: values[n] for n in wanted}, binary_out)
+        described, chunks = encode_outputs(values, binary_out)
         payload: dict[str, Any] = {
             "model_name": config.model_name,
             "model_version": model.version,
@@ -406,6 +417,24 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(len(header))},
         )
+
+    async def infer_outputs(parsed: InferRequest, binary: bytes) -> dict[str, np.ndarray]:
+        """An OIP v2 request, parsed (REST or gRPC), to the requested outputs: the one inference path."""
+        try:
+            inputs = tensor_images(parsed, binary, model.image_size, config.max_images_per_request)
+        except BadRequest as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        if isinstance(inputs[0], np.ndarray):
+            images = inputs[0]
+        else:
+            images = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
+        probabilities = await run_model(images)
+        wanted = [o.name for o in parsed.outputs] if parsed.outputs else list(OUTPUT_NAMES)
+        unknown = [n for n in wanted if n not in OUTPUT_NAMES]
+        if unknown:
+            raise HTTPException(400, f"unknown output {unknown[0]!r}; available: {', '.join(OUTPUT_NAMES)}")
+        values = {"probabilities": probabilities, "class_id": probabilities.argmax(axis=1).astype(np.int64)}
+        return {n: values[n] for n in wanted}
 
     # The same three for an explicit version: this server's only one (model_version in every answer).
     @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], responses=_errors(404))

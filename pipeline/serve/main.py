@@ -8,6 +8,7 @@ import math
 from pipeline.artifacts import MODELS_DIR
 from pipeline.config import Params
 from pipeline.console import log
+from pipeline.errors import StageError
 from pipeline.ports import ensure_free
 
 
@@ -24,8 +25,16 @@ def run(params: Params) -> None:
 
     config = params.serve
     ensure_free(config.host, config.port, "serve.port (or --port)")  # before minutes of model loading
+    if config.grpc_port:
+        if config.grpc_port == config.port:
+            raise StageError(f"serve.grpc_port {config.grpc_port} is serve.port as well: give gRPC a port of its own")
+        ensure_free(config.host, config.grpc_port, "serve.grpc_port (or --grpc-port)")
     model = load_served_model(MODELS_DIR, config)
-    log(f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}")
+    grpc_note = f", gRPC {config.host}:{config.grpc_port}" if config.grpc_port else ""
+    log(
+        f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}"
+        f"{grpc_note}"
+    )
     if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
         access = logging.getLogger("pipeline.access")
         handler = logging.StreamHandler(sys.stdout)
