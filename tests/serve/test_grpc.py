@@ -32,7 +32,11 @@ def test_tritonclient_grpc_health_metadata_and_every_input_kind(grpc_server: tup
     client = triton.InferenceServerClient(url=address)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("gtsrb")
     meta = client.get_model_metadata("gtsrb")
-    assert meta.name == "gtsrb" and meta.inputs[0].datatype == "FP32" and list(meta.inputs[0].shape)[1:] == [3, server.image_size, server.image_size]
+    assert (
+        meta.name == "gtsrb"
+        and meta.inputs[0].datatype == "FP32"
+        and list(meta.inputs[0].shape)[1:] == [3, server.image_size, server.image_size]
+    )
     assert client.is_model_ready("gtsrb", meta.versions[0]) and client.get_server_metadata().name == "gtsrb-pipeline"
 
     pixels = np.ascontiguousarray(server.test_images[:5].transpose(0, 3, 1, 2))

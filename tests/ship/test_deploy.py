@@ -26,7 +26,11 @@ pytestmark = pytest.mark.docker
 def running(built_image: Image) -> Iterator[container.Running]:
     name = f"gtsrb-test-{time.monotonic_ns()}"
     started = container.start(
-        built_image.engine, built_image.ref, name, ready_timeout_s=120, extra_args=["--health-interval", "1s"]
+        built_image.engine,
+        built_image.ref,
+        name,
+        ready_timeout_s=120,
+        extra_args=["--health-interval", "1s", "-p", "127.0.0.1::8001"],  # and the image's gRPC port
     )
     yield started
     container.remove(built_image.engine, name)
@@ -69,6 +73,21 @@ def test_predictions_through_the_api_equal_evaluate(running: container.Running, 
     assert float((got == labels).mean()) == pytest.approx(metrics["roi_accuracy"], abs=0)  # the crops' figure
     # The same images as PNG files through /v1/predict.
     assert predict_png(running.url, images[:16]) == expected[:16]
+
+
+def test_grpc_in_the_container_with_tritonclient(running: container.Running, built_image: Image) -> None:
+    """The image serves OIP v2 over gRPC on 8001 by default: NVIDIA's client gets evaluate's classes too."""
+    import tritonclient.grpc as triton
+
+    address = docker("port", running.name, "8001/tcp").stdout.strip().splitlines()[0]
+    client = triton.InferenceServerClient(url=address)
+    assert client.is_server_ready() and client.is_model_ready("gtsrb")
+    images, _ = built_image.test_arrays()
+    batch = (images[:32].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
+    tensor = triton.InferInput("images", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)
+    got = client.infer("gtsrb", [tensor]).as_numpy("class_id")
+    assert got is not None and got.tolist() == _evaluate_predictions(built_image)[:32]
 
 
 def test_bad_input_gets_4xx_with_a_message(running: container.Running) -> None:
