@@ -210,7 +210,7 @@ class ServeConfig(Section):
     backend: str = "auto"
     """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
     threads: int = Field(0, ge=0, le=1024)
-    """Intra-op threads of the runtime; 0 = all cores."""
+    """Intra-op threads of the runtime; 0 = the CPUs this process may use (a container's CPU quota, rounded up)."""
     max_batch_size: int = Field(64, ge=1, le=4096)
     """Largest batch the dynamic batcher forms; 1 turns batching off."""
     max_delay_ms: float = Field(0.0, ge=0.0, le=1000.0)

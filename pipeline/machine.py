@@ -4,6 +4,7 @@ never assumed from the architecture: aarch64 wheels have shipped OpenBLAS and, l
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -16,6 +17,29 @@ INTERESTING_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
     "asimd", "asimddp", "sve", "sve2", "bf16", "i8mm",
 )  # fmt: skip
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a container's `--cpus`, a
+    Kubernetes CPU limit) rounded up. os.cpu_count() sees the whole node, and a runtime sizing its thread pool
+    from that oversubscribes a 2-CPU pod on a 64-core node many times over."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota: float | None = None
+    try:  # cgroup v2: "max 100000" or "<quota> <period>"
+        limit, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        if limit != "max":
+            quota = int(limit) / int(period)
+    except (OSError, ValueError):
+        try:  # cgroup v1
+            limit_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+            period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+            if limit_us > 0 and period_us > 0:
+                quota = limit_us / period_us
+        except (OSError, ValueError):
+            pass
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota - 1e-9)))
+    return max(1, cpus)
 
 
 def _cpuinfo() -> tuple[str, set[str]]:

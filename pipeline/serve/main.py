@@ -32,8 +32,8 @@ def run(params: Params) -> None:
     model = load_served_model(MODELS_DIR, config)
     grpc_note = f", gRPC {config.host}:{config.grpc_port}" if config.grpc_port else ""
     log(
-        f"serve: {model.variant} on {model.backend}, version {model.version}, http://{config.host}:{config.port}"
-        f"{grpc_note}"
+        f"serve: {model.variant} on {model.backend} ({model.threads} threads), version {model.version}, "
+        f"http://{config.host}:{config.port}{grpc_note}"
     )
     if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
         access = logging.getLogger("pipeline.access")

@@ -14,6 +14,7 @@ from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
 from pipeline.errors import StageError
+from pipeline.machine import usable_cpus
 from pipeline.preprocess import Framing
 
 
@@ -25,6 +26,8 @@ class ServedModel:
     backend: str
     version: str
     predict_logits: Callable[[np.ndarray], np.ndarray]
+    threads: int = 1
+    """Intra-op threads of the runtime (serve.threads, else the container's CPU quota)."""
     card: str | None = None
     """The model card (Markdown) when one describes this variant: /v1/model-card."""
 
@@ -65,8 +68,10 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
     manifest = read_manifest(models_dir)
     variant_name, backend = choose_variant(models_dir, config)
     variant = manifest.variant(variant_name)  # a StageError naming the shipped variants if unknown
+    # Threads: serve.threads, else the CPUs the container may use (its cgroup quota), never the whole node's.
     # No spin-waiting: the server's own threads need the cores between batches.
-    runtime = open_runtime(models_dir, variant_name, backend=backend, threads=config.threads or None, spin=False)
+    threads = config.threads or usable_cpus()
+    runtime = open_runtime(models_dir, variant_name, backend=backend, threads=threads, spin=False)
     return ServedModel(
         classes=list(manifest.classes),
         framing=manifest.preprocess.framing(),
@@ -74,5 +79,6 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         backend=runtime.name,
         version=variant.sha256[:12],
         predict_logits=runtime.predict,
+        threads=threads,
         card=model_card.read_markdown_for(variant_name),
     )

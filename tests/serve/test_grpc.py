@@ -142,15 +142,12 @@ def test_auth_and_request_ids_over_grpc(models_dir: Path, tmp_path: Path) -> Non
 def test_kserves_grpc_client_speaks_to_the_server(grpc_server: tuple[Server, str], tmp_path: Path) -> None:
     """KServe's InferenceGRPCClient, in a process of its own (its generated messages and tritonclient's share
     protobuf names, so the two cannot load into one process; ours are named apart and load beside either)."""
-    import json
-    import subprocess
-    import sys
-    import textwrap
+    from tests.helpers.isolated import run_isolated
 
     server, address = grpc_server
     batch = (server.test_images[:3].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
     np.save(tmp_path / "batch.npy", batch)
-    code = textwrap.dedent(
+    answer = run_isolated(
         f"""
         import asyncio, json, numpy as np
         from kserve import InferenceGRPCClient, InferInput, InferRequest
@@ -171,9 +168,6 @@ def test_kserves_grpc_client_speaks_to_the_server(grpc_server: tuple[Server, str
         print(json.dumps({{"live": live, "probabilities": probabilities}}))
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["live"] is True
     np.testing.assert_allclose(np.array(answer["probabilities"]), server.direct_probabilities(batch), atol=1e-5)
 

@@ -84,37 +84,43 @@ def test_tritonclient_fp32_and_bytes_inputs(server: Server) -> None:
     assert result.as_numpy("class_id").tolist() == server.direct_probabilities(batch[:3]).argmax(axis=1).tolist()
 
 
-def test_kserves_own_v2_client_speaks_to_the_server(server: Server) -> None:
+def test_kserves_own_v2_client_speaks_to_the_server(server: Server, tmp_path: Path) -> None:
     """KServe's InferenceRESTClient (protocol v2), as a KServe InferenceService's callers use it: liveness,
-    readiness, model readiness, and an FP32 tensor and BYTES image files through /v2/models/{name}/infer."""
-    import asyncio
-
-    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+    readiness, model readiness, and an FP32 tensor and BYTES image files through /v2/models/{name}/infer.
+    (In a process of its own: tests/helpers/isolated.py says why.)"""
+    from tests.helpers.isolated import run_isolated
 
     batch = (server.test_images[:4].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
     expected = server.direct_probabilities(batch)
-
-    async def talk() -> tuple[bool, bool, bool, np.ndarray, list[int]]:
-        client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=30))
-        try:
-            live = await client.is_server_live(server.url)
-            ready = await client.is_server_ready(server.url)
-            model_ready = await client.is_model_ready(server.url, "gtsrb")
-            tensor = InferInput("images", list(batch.shape), "FP32", batch.flatten().tolist())
-            answer = await client.infer(server.url, InferRequest("gtsrb", [tensor], request_id="kserve-1"), "gtsrb")
-            probabilities = next(o for o in answer.outputs if o.name == "probabilities").as_numpy()
-            # JSON has no bytes: BYTES elements as base64 strings, as the server documents
-            encoded = [base64.b64encode(png(image)).decode() for image in server.test_images[:2]]
-            files = InferInput("image_files", [2], "BYTES", encoded)
-            answer = await client.infer(server.url, InferRequest("gtsrb", [files]), "gtsrb")
-            classes = next(o for o in answer.outputs if o.name == "class_id").as_numpy().tolist()
-            return live, ready, model_ready, probabilities, classes
-        finally:
-            await client.close()
-
-    live, ready, model_ready, probabilities, classes = asyncio.run(talk())
+    np.save(tmp_path / "batch.npy", batch)
+    # JSON has no bytes: BYTES elements as base64 strings, as the server documents
+    encoded = [base64.b64encode(png(image)).decode() for image in server.test_images[:2]]
+    answer = run_isolated(
+        f"""
+        import asyncio, json, numpy as np
+        from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+        url, batch = {server.url!r}, np.load({str(tmp_path / "batch.npy")!r})
+        async def talk():
+            client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=30))
+            try:
+                live = await client.is_server_live(url)
+                ready = await client.is_server_ready(url)
+                model_ready = await client.is_model_ready(url, "gtsrb")
+                tensor = InferInput("images", list(batch.shape), "FP32", batch.flatten().tolist())
+                answer = await client.infer(url, InferRequest("gtsrb", [tensor], request_id="kserve-1"), "gtsrb")
+                probabilities = next(o for o in answer.outputs if o.name == "probabilities").as_numpy()
+                files = InferInput("image_files", [2], "BYTES", {encoded!r})
+                answer = await client.infer(url, InferRequest("gtsrb", [files]), "gtsrb")
+                classes = next(o for o in answer.outputs if o.name == "class_id").as_numpy().tolist()
+                return [live, ready, model_ready, probabilities.tolist(), classes]
+            finally:
+                await client.close()
+        print(json.dumps(asyncio.run(talk())))
+        """
+    )
+    live, ready, model_ready, probabilities, classes = answer
     assert live and ready and model_ready
-    np.testing.assert_allclose(probabilities.reshape(expected.shape), expected, atol=1e-5)
+    np.testing.assert_allclose(np.array(probabilities).reshape(expected.shape), expected, atol=1e-5)
     assert classes == expected[:2].argmax(axis=1).tolist()
 
 

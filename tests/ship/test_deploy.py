@@ -30,7 +30,8 @@ def running(built_image: Image) -> Iterator[container.Running]:
         built_image.ref,
         name,
         ready_timeout_s=120,
-        extra_args=["--health-interval", "1s", "-p", "127.0.0.1::8001"],  # and the image's gRPC port
+        # and the image's gRPC port; a CPU quota as a Kubernetes limit sets one
+        extra_args=["--health-interval", "1s", "-p", "127.0.0.1::8001", "--cpus", "1"],
     )
     yield started
     container.remove(built_image.engine, name)
@@ -73,6 +74,12 @@ def test_predictions_through_the_api_equal_evaluate(running: container.Running, 
     assert float((got == labels).mean()) == pytest.approx(metrics["roi_accuracy"], abs=0)  # the crops' figure
     # The same images as PNG files through /v1/predict.
     assert predict_png(running.url, images[:16]) == expected[:16]
+
+
+def test_runtime_threads_follow_the_containers_cpu_quota(running: container.Running) -> None:
+    """`--cpus 1` (a 1-CPU limit) on a machine with more cores: the server sizes its runtime to 1 thread."""
+    log = docker("logs", running.name).stdout + docker("logs", running.name).stderr
+    assert "(1 threads)" in log, log[-2000:]
 
 
 def test_grpc_in_the_container_with_tritonclient(running: container.Running, built_image: Image) -> None:
