@@ -209,8 +209,11 @@ class ServeConfig(Section):
     """Model variant from models/manifest.json; `auto` = the benchmark stage's choice, else fp32-onnx."""
     backend: str = "auto"
     """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
+    workers: int = Field(1, ge=1, le=64)
+    """Server processes sharing the port, each with its own model session and batcher (pipeline/serve/main.py)."""
     threads: int = Field(0, ge=0, le=1024)
-    """Intra-op threads of the runtime; 0 = the CPUs this process may use (a container's CPU quota, rounded up)."""
+    """Intra-op threads of the runtime per worker; 0 = the CPUs this process may use (a container's CPU quota,
+    rounded up) divided among the workers."""
     max_batch_size: int = Field(64, ge=1, le=4096)
     """Largest batch the dynamic batcher forms; 1 turns batching off."""
     max_delay_ms: float = Field(0.0, ge=0.0, le=1000.0)

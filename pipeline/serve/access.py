@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -23,6 +24,7 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ACCESS_LOG = logging.getLogger("pipeline.access")
+PID = os.getpid()
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = ("/v2/health/", "/metrics", "/docs", "/openapi.json")
 
@@ -99,6 +101,7 @@ class RequestContext:
                             "ms": round((time.perf_counter() - started) * 1000, 3),
                             "bytes": sent,
                             "client": f"{client[0]}:{client[1]}" if client else None,
+                            "pid": PID,  # which worker (serve.workers)
                         },
                         separators=(",", ":"),
                     )

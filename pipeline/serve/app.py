@@ -147,8 +147,19 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=self.registry,
         )
-        self.queue = Gauge("inference_queue_images", "Images waiting for the model", registry=self.registry)
-        self.in_flight = Gauge("inference_in_flight_requests", "Requests being handled", registry=self.registry)
+        # With several workers (PROMETHEUS_MULTIPROC_DIR set) a gauge is the sum over the living workers.
+        self.queue = Gauge(
+            "inference_queue_images",
+            "Images waiting for the model",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.in_flight = Gauge(
+            "inference_in_flight_requests",
+            "Requests being handled",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         self.images = Counter("inference_images", "Images classified", registry=self.registry)
         self.errors = Counter("inference_errors", "Failed requests by kind", ["kind"], registry=self.registry)
 
@@ -534,6 +545,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:
         metrics.queue.set(batcher.queued_images)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them, from their shared files
+            from prometheus_client import multiprocess
+
+            combined = CollectorRegistry()
+            multiprocess.MultiProcessCollector(combined)
+            return Response(generate_latest(combined), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def openapi() -> dict[str, Any]:

@@ -246,7 +246,8 @@ async def start_grpc(core: OipCore) -> grpc.aio.Server:
         options=[
             ("grpc.max_receive_message_length", limit),  # beyond: RESOURCE_EXHAUSTED before any parsing
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),  # a second server on the same port is an error, not a silent split
+            # Several workers share the port (the kernel spreads connections); one server alone must own it.
+            ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
         ],
         maximum_concurrent_rpcs=config.max_connections,
     )

@@ -1,21 +1,56 @@
 """The inference server: `pipeline serve` loads the chosen variant and serves it with uvicorn (a command, not a
-DVC stage; the container image runs it)."""
+DVC stage; the container image runs it).
+
+`serve.workers: N > 1` runs N server processes behind one listening socket, which this process binds and hands
+down (as gunicorn does): the kernel gives each new connection to whichever worker accepts it first. Each worker
+has its own model session, batcher and event loop, and `serve.threads` (else the CPU quota divided among the
+workers) runtime threads. Prometheus runs in multiprocess mode (files in PROMETHEUS_MULTIPROC_DIR), so whichever
+worker answers `/metrics` reports the sum of all. SIGTERM / SIGINT reach every worker, each drains as a single
+server does; the supervisor exits when they have. A worker that dies unexpectedly stops the whole server (exit 1):
+its orchestrator (Kubernetes, Docker's restart policy) restarts it whole rather than running below capacity.
+gRPC (`serve.grpc_port`) is served by every worker on the same port with SO_REUSEPORT.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 from pipeline.artifacts import MODELS_DIR
-from pipeline.config import Params
+from pipeline.config import Params, parse_params
 from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.ports import ensure_free
 
+# Set by the supervisor for its workers: the inherited listening socket and the params they serve.
+WORKER_FD_ENV = "PIPELINE_SERVE_SOCKET_FD"
+WORKER_PARAMS_ENV = "PIPELINE_SERVE_PARAMS"
+WORKER_INDEX_ENV = "PIPELINE_SERVE_WORKER"
+
 
 def run(params: Params) -> None:
+    config = params.serve
+    ensure_free(config.host, config.port, "serve.port (or --port)")  # before minutes of model loading
+    if config.grpc_port:
+        if config.grpc_port == config.port:
+            raise StageError(f"serve.grpc_port {config.grpc_port} is serve.port as well: give gRPC a port of its own")
+        ensure_free(config.host, config.grpc_port, "serve.grpc_port (or --grpc-port)")
+    if config.workers > 1:
+        supervise(params)
+    else:
+        serve_one(params, None)
+
+
+def serve_one(params: Params, sock: socket.socket | None, worker: int | None = None) -> None:
     import gc
     import logging
-    import sys
 
     import uvicorn
 
@@ -24,15 +59,11 @@ def run(params: Params) -> None:
     from pipeline.serve.model import load_served_model
 
     config = params.serve
-    ensure_free(config.host, config.port, "serve.port (or --port)")  # before minutes of model loading
-    if config.grpc_port:
-        if config.grpc_port == config.port:
-            raise StageError(f"serve.grpc_port {config.grpc_port} is serve.port as well: give gRPC a port of its own")
-        ensure_free(config.host, config.grpc_port, "serve.grpc_port (or --grpc-port)")
     model = load_served_model(MODELS_DIR, config)
     grpc_note = f", gRPC {config.host}:{config.grpc_port}" if config.grpc_port else ""
+    who = f"serve (worker {worker}, pid {os.getpid()})" if worker is not None else "serve"
     log(
-        f"serve: {model.variant} on {model.backend} ({model.threads} threads), version {model.version}, "
+        f"{who}: {model.variant} on {model.backend} ({model.threads} threads), version {model.version}, "
         f"http://{config.host}:{config.port}{grpc_note}"
     )
     if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
@@ -49,16 +80,73 @@ def run(params: Params) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        # uvicorn takes whole seconds, and reads 0 as "wait forever": round a sub-second drain up.
-        timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
-        # Connections and requests in flight beyond this get 503 at once instead of piling up in memory.
-        limit_concurrency=config.max_connections,
-        # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet.
-        http=GuardedHttpProtocol.configured(config.header_timeout_s, config.max_header_bytes, drain_idle_s=0.5),
-        access_log=False,
-        log_level="info",
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            # uvicorn takes whole seconds, and reads 0 as "wait forever": round a sub-second drain up.
+            timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
+            # Connections and requests in flight beyond this get 503 at once instead of piling up in memory.
+            limit_concurrency=config.max_connections,
+            # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet.
+            http=GuardedHttpProtocol.configured(config.header_timeout_s, config.max_header_bytes, drain_idle_s=0.5),
+            access_log=False,
+            log_level="info",
+        )
     )
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+def worker_main() -> None:
+    """A worker process of `supervise`: the inherited socket, the supervisor's params."""
+    params = parse_params(json.loads(os.environ[WORKER_PARAMS_ENV]))
+    sock = socket.socket(fileno=int(os.environ[WORKER_FD_ENV]))
+    serve_one(params, sock, int(os.environ[WORKER_INDEX_ENV]))
+
+
+def supervise(params: Params) -> None:
+    config = params.serve
+    sock = socket.create_server((config.host, config.port), backlog=2048)
+    sock.set_inheritable(True)
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="pipeline-metrics-")
+    for stale in os.listdir(metrics_dir):  # values of an earlier run would be summed in
+        if stale.endswith(".db"):
+            os.unlink(os.path.join(metrics_dir, stale))
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        WORKER_FD_ENV: str(sock.fileno()),
+        WORKER_PARAMS_ENV: json.dumps(params.model_dump(mode="json")),
+    }
+    log(f"serve: {config.workers} workers on http://{config.host}:{config.port} (metrics in {metrics_dir})")
+    code = [sys.executable, "-c", "from pipeline.serve.main import worker_main; worker_main()"]
+    workers = [
+        subprocess.Popen(code, env={**env, WORKER_INDEX_ENV: str(i)}, pass_fds=(sock.fileno(),))
+        for i in range(config.workers)
+    ]
+    sock.close()  # the workers hold it now
+    stopping = {"signal": 0}
+
+    def forward(signum: int, _: object) -> None:
+        stopping["signal"] = signum
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    from prometheus_client import multiprocess
+
+    failed = 0
+    while any(w.poll() is None for w in workers):
+        for worker in workers:
+            if worker.returncode is not None and worker.returncode != 0 and not stopping["signal"] and not failed:
+                failed = worker.returncode
+                log(f"serve: worker pid {worker.pid} exited with {worker.returncode}; stopping the others")
+                forward(signal.SIGTERM, None)
+        time.sleep(0.2)
+    for worker in workers:
+        multiprocess.mark_process_dead(worker.pid, metrics_dir)
+    if failed:
+        raise StageError(f"a server worker failed (exit {failed}); see its log above")

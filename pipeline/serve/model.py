@@ -68,9 +68,10 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
     manifest = read_manifest(models_dir)
     variant_name, backend = choose_variant(models_dir, config)
     variant = manifest.variant(variant_name)  # a StageError naming the shipped variants if unknown
-    # Threads: serve.threads, else the CPUs the container may use (its cgroup quota), never the whole node's.
+    # Threads: serve.threads, else the CPUs the container may use (its cgroup quota, never the whole node's)
+    # shared among the workers.
     # No spin-waiting: the server's own threads need the cores between batches.
-    threads = config.threads or usable_cpus()
+    threads = config.threads or max(1, usable_cpus() // config.workers)
     runtime = open_runtime(models_dir, variant_name, backend=backend, threads=threads, spin=False)
     return ServedModel(
         classes=list(manifest.classes),
