@@ -9,6 +9,7 @@ measurement and stopped at the end; the measurements interleave: for each round 
   (a) batching   `pipeline serve`: --variant on ONNX Runtime, dynamic batching (--max-batch-size,
                  --max-delay-ms), POST /v1/predict
   (b) no-batch   the same server and model with serve.max_batch_size 1: one model call per request
+  (d) 2-workers  setup (a) with serve.workers 2 (only when asked: --setups a d)
   (c) reference  pipeline/bench/reference_server.py: the design issue #6 names (Arm's learning path): FastAPI,
                  one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
                  PyTorch forward of our fp32 model (models/model.pt) per request
@@ -75,15 +76,16 @@ def png_images(prepared: Path, count: int) -> list[tuple[bytes, int]]:
 def setups(args: argparse.Namespace, work: Path) -> list[Setup]:
     params = yaml.safe_load(args.params.read_text())
 
-    def serve_params(max_batch_size: int) -> Path:
+    def serve_params(max_batch_size: int, workers: int = 1) -> Path:
         serve = dict(params.get("serve") or {})
         serve |= {"variant": args.variant, "backend": "onnxruntime", "max_batch_size": max_batch_size}
-        serve |= {"max_delay_ms": args.max_delay_ms, "threads": args.threads}
-        path = work / f"params-b{max_batch_size}.yaml"
+        serve |= {"max_delay_ms": args.max_delay_ms, "threads": args.threads, "workers": workers}
+        path = work / f"params-b{max_batch_size}-w{workers}.yaml"
         path.write_text(yaml.safe_dump({**params, "serve": serve}))
         return path
 
     batching, single = serve_params(args.max_batch_size), serve_params(1)
+    two_workers = serve_params(args.max_batch_size, workers=2)
 
     def ours(params_file: Path) -> Callable[[int, Path], list[str]]:
         return lambda port, _: [sys.executable, "-m", "pipeline.cli", "serve", "--params", str(params_file),
@@ -117,6 +119,16 @@ def setups(args: argparse.Namespace, work: Path) -> list[Setup]:
             "files",
             "/v2/health/ready",
             ours(single),
+            top1,
+        ),
+        Setup(
+            "d",
+            "2-workers",
+            "setup (a) with serve.workers 2: two processes on one socket, threads split between them (opt-in: --setups)",
+            "/v1/predict",
+            "files",
+            "/v2/health/ready",
+            ours(two_workers),
             top1,
         ),
         Setup(
@@ -217,12 +229,25 @@ def wrk_script(setup: Setup, files: list[Path], work: Path) -> Path:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far; NaN where /proc is not there."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    """User + system CPU time so far of a process (all its threads) and of its living descendants (a server's
+    workers); NaN where /proc is not there."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+    if pid not in stats:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, fields in stats.items() if int(fields[1]) == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    ticks = sum(int(stats[p][11]) + int(stats[p][12]) for p in tree)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_wrk(wrk: str, script: Path, port: int, concurrency: int, seconds: float) -> dict[str, float]:
@@ -331,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference-threads", type=int, default=1,
                         help="torch threads of (c); 0 = PyTorch's default (see the README: on a shared machine "
                         "its OpenMP threads wait on each other, and (c) collapses)")  # fmt: skip
-    parser.add_argument("--setups", nargs="+", choices=["a", "b", "c"], default=["a", "b", "c"])
+    parser.add_argument("--setups", nargs="+", choices=["a", "b", "c", "d"], default=["a", "b", "c"])
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
