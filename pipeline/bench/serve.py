@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import io
 import json
 import os
@@ -60,6 +61,7 @@ class Setup:
     ready_path: str
     command: Callable[[int, Path], list[str]]
     predicted_class: Callable[[Any], int]
+    body: str = "multipart"  # multipart (one file in `field`) | oip-json (an OIP v2 BYTES tensor, base64 PNG)
 
 
 def png_images(prepared: Path, count: int) -> list[tuple[bytes, int]]:
@@ -100,7 +102,9 @@ def setups(args: argparse.Namespace, work: Path) -> list[Setup]:
         "--threads", str(args.reference_threads),
     ]  # fmt: skip
     threads = f"{args.reference_threads} torch thread(s)" if args.reference_threads else "PyTorch's default threads"
+    peers = peer_setups(args, work, top1) if args.peers else []
     return [
+        *peers,
         Setup(
             "a",
             "batching",
@@ -145,6 +149,64 @@ def setups(args: argparse.Namespace, work: Path) -> list[Setup]:
     ]
 
 
+def oip_class(answer: Any) -> int:
+    output = next(o for o in answer["outputs"] if o["name"] == "class_id")
+    return int(output["data"][0])
+
+
+def peer_setups(args: argparse.Namespace, work: Path, ours_top1: Callable[[Any], int]) -> list[Setup]:
+    """Our server's OIP v2 JSON path, and the peers (pipeline/bench/peers/) in the --peers interpreter, all serving
+    --variant through our model loading and decoding code, each with the batching its docs recommend."""
+    python = str(args.peers)
+    root = str(Path(__file__).resolve().parents[2])
+    models = str(args.models.resolve())
+    threads = str(args.threads)
+    env = {"PYTHONPATH": root, "PEER_MODELS": models, "PEER_VARIANT": args.variant, "PEER_THREADS": threads,
+           "PEER_MAX_BATCH_SIZE": str(args.max_batch_size)}  # fmt: skip
+
+    def with_env(cmd: list[str]) -> list[str]:
+        return ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
+
+    def mlserver(port: int, folder: Path) -> list[str]:
+        home = folder / f"mlserver-{port}"
+        (home / "gtsrb").mkdir(parents=True, exist_ok=True)
+        settings = {"http_port": port, "grpc_port": free_port(), "metrics_port": free_port(), "host": "127.0.0.1",
+                    "parallel_workers": 0, "debug": False}  # fmt: skip
+        (home / "settings.json").write_text(json.dumps(settings))
+        model = {"name": "gtsrb", "implementation": "pipeline.bench.peers.mlserver_runtime.SignRuntime",
+                 "max_batch_size": args.max_batch_size, "max_batch_time": 0.001}  # fmt: skip
+        (home / "gtsrb" / "model-settings.json").write_text(json.dumps(model))
+        return with_env([python, "-m", "mlserver.cli.main", "start", str(home)])
+
+    ours = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--params",
+        str(work / f"params-b{args.max_batch_size}-w1.yaml"),
+    ]
+    return [
+        Setup("e", "ours-oip", "our server as (a), OIP v2 JSON: one BYTES tensor (base64 PNG) per request",
+              "/v2/models/gtsrb/infer", "", "/v2/health/ready", lambda port, _: [*ours, "--port", str(port)],
+              oip_class, body="oip-json"),
+        Setup("f", "litserve", f"LitServe, LitAPI max_batch_size {args.max_batch_size}, batch_timeout 1 ms, fast_queue, "
+              "1 worker, multipart", "/predict", "file", "/health",
+              lambda port, _: with_env([python, "-m", "pipeline.bench.peers.litserve_server", "--models", models,
+                                        "--variant", args.variant, "--threads", threads, "--port", str(port),
+                                        "--max-batch-size", str(args.max_batch_size)]),
+              lambda answer: int(answer["class_id"])),
+        Setup("g", "bentoml", f"BentoML, batchable API (max_batch_size {args.max_batch_size}, adaptive), a worker per CPU, "
+              "multipart", "/classify", "files", "/readyz",
+              lambda port, _: with_env([python, "-m", "bentoml", "serve", "pipeline.bench.peers.bentoml_server:Signs",
+                                        "--host", "127.0.0.1", "--port", str(port)]),
+              lambda answer: int(answer[0]["class_id"])),  # a batchable API answers a list
+        Setup("h", "mlserver", f"MLServer, adaptive batching (max_batch_size {args.max_batch_size}, 1 ms), "
+              "parallel_workers 0, OIP v2 JSON", "/v2/models/gtsrb/infer", "", "/v2/models/gtsrb/ready",
+              mlserver, oip_class, body="oip-json"),
+    ]  # fmt: skip
+
+
 def start(setup: Setup, port: int, work: Path) -> subprocess.Popen[bytes]:
     log = (work / f"{setup.name}.log").open("wb")
     return subprocess.Popen(setup.command(port, work), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,8 +240,9 @@ def accuracy(setup: Setup, port: int, images: list[tuple[bytes, int]]) -> float:
     correct = 0
     with httpx.Client(timeout=30) as client:
         for data, label in images:
+            body, content_type = request_body(setup, data)
             response = client.post(
-                f"http://127.0.0.1:{port}{setup.path}", files={setup.field: ("sign.png", data, "image/png")}
+                f"http://127.0.0.1:{port}{setup.path}", content=body, headers={"Content-Type": content_type}
             )
             response.raise_for_status()
             correct += setup.predicted_class(response.json()) == label
@@ -187,19 +250,16 @@ def accuracy(setup: Setup, port: int, images: list[tuple[bytes, int]]) -> float:
 
 
 # ---- wrk ---------------------------------------------------------------------------------------------
-WRK_SCRIPT = """-- generated by `pipeline bench serve`: cycle through pre-built multipart requests, report as JSON
+WRK_SCRIPT = """-- generated by `pipeline bench serve`: cycle through pre-built request bodies, report as JSON
 local files = {%(files)s}
 local requests = {}
 local n = 0
 init = function(args)
   for i, name in ipairs(files) do
     local f = assert(io.open(name, "rb"))
-    local png = f:read("*all")
+    local body = f:read("*all")
     f:close()
-    local body = "--%(boundary)s\\r\\nContent-Disposition: form-data; name=\\"%(field)s\\"; filename=\\"sign.png\\"\\r\\n"
-      .. "Content-Type: image/png\\r\\n\\r\\n" .. png .. "\\r\\n--%(boundary)s--\\r\\n"
-    requests[i] = wrk.format("POST", "%(path)s",
-      {["Content-Type"] = "multipart/form-data; boundary=%(boundary)s"}, body)
+    requests[i] = wrk.format("POST", "%(path)s", {["Content-Type"] = "%(content_type)s"}, body)
   end
 end
 request = function()
@@ -216,11 +276,28 @@ end
 """
 
 
+def request_body(setup: Setup, png: bytes) -> tuple[bytes, str]:
+    """One image as the setup takes it: a multipart upload in its field, or an OIP v2 JSON BYTES tensor."""
+    if setup.body == "oip-json":
+        tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(png).decode()]}
+        return json.dumps({"inputs": [tensor]}).encode(), "application/json"
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{setup.field}"; filename="sign.png"\r\n'
+        "Content-Type: image/png\r\n\r\n"
+    ).encode()
+    return head + png + f"\r\n--{BOUNDARY}--\r\n".encode(), f"multipart/form-data; boundary={BOUNDARY}"
+
+
 def wrk_script(setup: Setup, files: list[Path], work: Path) -> Path:
+    bodies = []
+    content_type = ""
+    for i, f in enumerate(files):
+        body, content_type = request_body(setup, f.read_bytes())
+        bodies.append(work / f"{setup.key}-body-{i}.bin")
+        bodies[-1].write_bytes(body)
     text = WRK_SCRIPT % {
-        "files": ", ".join(json.dumps(str(f)) for f in files),
-        "boundary": BOUNDARY,
-        "field": setup.field,
+        "files": ", ".join(json.dumps(str(f)) for f in bodies),
+        "content_type": content_type,
         "path": setup.path,
     }
     path = work / f"{setup.name}.lua"
@@ -288,7 +365,8 @@ async def httpx_load(
             i += concurrency
             started = time.perf_counter()
             try:
-                ok = (await client.post(url, files={setup.field: ("sign.png", data, "image/png")})).is_success
+                body, content_type = request_body(setup, data)
+                ok = (await client.post(url, content=body, headers={"Content-Type": content_type})).is_success
             except httpx.HTTPError:
                 ok = False
             latencies.append(time.perf_counter() - started)
@@ -356,7 +434,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference-threads", type=int, default=1,
                         help="torch threads of (c); 0 = PyTorch's default (see the README: on a shared machine "
                         "its OpenMP threads wait on each other, and (c) collapses)")  # fmt: skip
-    parser.add_argument("--setups", nargs="+", choices=["a", "b", "c", "d"], default=["a", "b", "c"])
+    parser.add_argument("--setups", nargs="+", choices=list("abcdefgh"), default=["a", "b", "c"])
+    parser.add_argument("--peers", type=Path, help="Python of an environment with litserve, mlserver and bentoml "
+                        "(pipeline/bench/peers/__init__.py): adds (e) ours over OIP v2 JSON, (f) LitServe, "
+                        "(g) BentoML, (h) MLServer")  # fmt: skip
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)

@@ -1,0 +1,38 @@
+"""The load test's request bodies (pipeline/bench/serve.py) are what the servers' own parsers accept: a multipart
+upload in the setup's field, and an OIP v2 JSON BYTES tensor whose element is the file, byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.bench.serve import Setup, request_body, wrk_script
+from pipeline.serve.protocol import multipart_files, parse_infer_body, tensor_images
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4  # any bytes: the bodies carry them unchanged
+
+
+def _setup(body: str, field: str = "files") -> Setup:
+    return Setup("x", "x", "x", "/p", field, "/ready", lambda port, work: [], lambda answer: 0, body=body)
+
+
+def test_multipart_body_carries_the_file_in_its_field() -> None:
+    body, content_type = request_body(_setup("multipart"), PNG)
+    assert multipart_files(body, content_type, 4) == [PNG]
+    assert b'name="files"' in body
+
+
+def test_oip_json_body_is_one_bytes_tensor_of_the_file() -> None:
+    body, content_type = request_body(_setup("oip-json"), PNG)
+    parsed, binary = parse_infer_body(body, None)
+    assert content_type == "application/json" and tensor_images(parsed, binary, 32, 4) == [PNG]
+
+
+def test_wrk_script_names_one_body_file_per_image(tmp_path: Path) -> None:
+    images = []
+    for i in range(3):
+        images.append(tmp_path / f"{i}.png")
+        images[-1].write_bytes(PNG + bytes([i]))
+    script = wrk_script(_setup("oip-json"), images, tmp_path).read_text()
+    bodies = sorted(tmp_path.glob("x-body-*.bin"))
+    assert len(bodies) == 3 and all(str(b) in script for b in bodies)
+    assert '["Content-Type"] = "application/json"' in script
