@@ -102,26 +102,32 @@ def _load_until_refused(url: str, body: bytes, outcomes: Counter[str], stop: thr
                 return
 
 
+def sigterm_under_load(server: Server, delay_s: float, clients: int = 8) -> tuple[int, Counter[str]]:
+    """`clients` keep-alive clients load the server; SIGTERM after `delay_s`; the exit code and every outcome."""
+    body = png(np.ascontiguousarray(server.test_images[0]))
+    outcomes: Counter[str] = Counter()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop)) for _ in range(clients)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(delay_s)
+    server.process.send_signal(signal.SIGTERM)
+    code = server.process.wait(timeout=30)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    return code, outcomes
+
+
 @pytest.mark.slow
 def test_sigterm_under_load_loses_no_request_over_20_runs(models_dir: Path, tmp_path: Path) -> None:
     rng = random.Random(0)
     totals: Counter[str] = Counter()
     for _ in range(20):
         server = start_server(models_dir, tmp_path, {"drain_timeout_s": 5.0})
-        body = png(np.ascontiguousarray(server.test_images[0]))
-        outcomes: Counter[str] = Counter()
-        stop = threading.Event()
-        clients = [
-            threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop)) for _ in range(8)
-        ]
-        for c in clients:
-            c.start()
-        time.sleep(rng.uniform(0.3, 1.0))
-        server.process.send_signal(signal.SIGTERM)
-        code = server.process.wait(timeout=20)
-        stop.set()
-        for c in clients:
-            c.join(timeout=30)
+        code, outcomes = sigterm_under_load(server, rng.uniform(0.3, 1.0))
         assert code in (0, -signal.SIGTERM)
         assert outcomes["200"] > 0
         totals.update(outcomes)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from pipeline.ports import free_port
 from tests.helpers.server import start_server
-from tests.serve.test_connection import _load_until_refused
+from tests.serve.test_connection import sigterm_under_load
 from tests.serve.test_server import png
 
 pytestmark = pytest.mark.slow
@@ -71,20 +69,7 @@ def test_sigterm_with_two_workers_under_load_loses_no_request(models_dir: Path, 
     totals: Counter[str] = Counter()
     for delay in (0.4, 0.8, 1.2):
         server = start_server(models_dir, tmp_path, {"workers": 2, "drain_timeout_s": 5.0})
-        body = png(np.ascontiguousarray(server.test_images[0]))
-        outcomes: Counter[str] = Counter()
-        stop = threading.Event()
-        clients = [
-            threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop)) for _ in range(8)
-        ]
-        for c in clients:
-            c.start()
-        time.sleep(delay)
-        server.process.send_signal(signal.SIGTERM)
-        code = server.process.wait(timeout=30)
-        stop.set()
-        for c in clients:
-            c.join(timeout=30)
+        code, outcomes = sigterm_under_load(server, delay)
         assert code == 0, server.process.stderr.read().decode()[-2000:] if server.process.stderr else code
         assert outcomes["200"] > 0
         totals.update(outcomes)
