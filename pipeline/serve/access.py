@@ -29,6 +29,30 @@ _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = ("/v2/health/", "/metrics", "/docs", "/openapi.json")
 
 
+def request_id(given: str) -> str:
+    """The client's id when it is a sane token, else a new one (HTTP's X-Request-ID, gRPC's id / metadata)."""
+    return given if _SANE_ID.match(given) else uuid.uuid4().hex
+
+
+def log_request(
+    request_id: str, method: str, path: str, status: int, seconds: float, client: str | None, sent: int | None = None
+) -> None:
+    """One JSON line on the access log (HTTP and gRPC alike)."""
+    line: dict[str, object] = {
+        "ts": round(time.time(), 3),
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "ms": round(seconds * 1000, 3),
+    }
+    if sent is not None:
+        line["bytes"] = sent
+    line["client"] = client
+    line["pid"] = PID  # which worker (serve.workers)
+    ACCESS_LOG.info(json.dumps(line, separators=(",", ":")))
+
+
 def is_open(path: str) -> bool:
     return path.startswith(OPEN_PATHS) or path == "/v2"
 
@@ -51,10 +75,9 @@ class RequestContext:
                 given = value
             elif name == b"authorization":
                 authorization = value
-        text = given.decode("latin-1")
-        request_id = text if _SANE_ID.match(text) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-        header = (b"x-request-id", request_id.encode())
+        rid = request_id(given.decode("latin-1"))
+        scope.setdefault("state", {})["request_id"] = rid
+        header = (b"x-request-id", rid.encode())
         status, sent = 0, 0
 
         async def send_with_id(message: Message) -> None:
@@ -90,19 +113,12 @@ class RequestContext:
         finally:
             if self.access_log:
                 client = scope.get("client")
-                ACCESS_LOG.info(
-                    json.dumps(
-                        {
-                            "ts": round(time.time(), 3),
-                            "request_id": request_id,
-                            "method": scope["method"],
-                            "path": scope["path"],
-                            "status": status or 500,
-                            "ms": round((time.perf_counter() - started) * 1000, 3),
-                            "bytes": sent,
-                            "client": f"{client[0]}:{client[1]}" if client else None,
-                            "pid": PID,  # which worker (serve.workers)
-                        },
-                        separators=(",", ":"),
-                    )
+                log_request(
+                    rid,
+                    scope["method"],
+                    scope["path"],
+                    status or 500,
+                    time.perf_counter() - started,
+                    f"{client[0]}:{client[1]}" if client else None,
+                    sent,
                 )

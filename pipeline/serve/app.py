@@ -124,6 +124,7 @@ class BodyLimit:
 class Metrics:
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self.requests = Counter(
             "inference_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
         )
@@ -163,6 +164,19 @@ class Metrics:
         self.images = Counter("inference_images", "Images classified", registry=self.registry)
         self.errors = Counter("inference_errors", "Failed requests by kind", ["kind"], registry=self.registry)
 
+    def record(self, route: str, status: int, seconds: float) -> None:
+        """One finished request (HTTP or gRPC): its count, latency and, for a status >= 400, its error."""
+        series = self._children.get((route, status))
+        if series is None:  # label lookups cached: this runs on every request
+            errors = self.errors.labels(str(status)) if status >= 400 else None
+            series = (self.requests.labels(route, str(status)), self.latency.labels(route), errors)
+            self._children[(route, status)] = series
+        requests, latency, errors = series
+        requests.inc()
+        latency.observe(seconds)
+        if errors is not None:
+            errors.inc()
+
     def batch_stats(self) -> BatchStats:
         def on_batch(size: int, seconds: float) -> None:
             self.batch_size.observe(size)
@@ -178,17 +192,6 @@ class Observe:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        self._children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
-
-    def _series(self, path: str, status: int) -> tuple[Any, Any, Any]:
-        """(request counter, latency histogram, error counter or None) for a route and status, cached."""
-        series = self._children.get((path, status))
-        if series is None:
-            m = self.metrics
-            errors = m.errors.labels(str(status)) if status >= 400 else None
-            series = (m.requests.labels(path, str(status)), m.latency.labels(path), errors)
-            self._children[(path, status)] = series
-        return series
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -210,11 +213,7 @@ class Observe:
         finally:
             in_flight.dec()
             route = scope.get("route")
-            requests, latency, errors = self._series(getattr(route, "path", "unmatched"), status)
-            requests.inc()
-            latency.observe(time.perf_counter() - started)
-            if errors is not None:
-                errors.inc()
+            self.metrics.record(getattr(route, "path", "unmatched"), status, time.perf_counter() - started)
 
 
 def flag(value: Any, where: str) -> bool:
@@ -258,7 +257,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                 ready=lambda: state["ready"],
                 live=lambda: batcher.alive,
                 check_model=check_model,
-                metadata=lambda: model_metadata_payload(),
+                metadata=model_metadata_payload,
                 infer=infer_outputs,
                 token=token,
                 metrics=metrics,

@@ -16,10 +16,8 @@ ModelInfer. It runs in the HTTP server's process and event loop and calls the sa
 from __future__ import annotations
 
 import hmac
-import json
 import struct
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +27,7 @@ import numpy as np
 from starlette.exceptions import HTTPException
 
 from pipeline.config import ServeConfig
-from pipeline.serve.access import _SANE_ID, ACCESS_LOG
+from pipeline.serve.access import log_request, request_id
 from pipeline.serve.oip import predict_v2_pb2 as pb
 from pipeline.serve.protocol import InferRequest, RequestedOutput, TensorInput
 
@@ -145,9 +143,8 @@ class Service:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
-            given = getattr(request, "id", "") or metadata.get("x-request-id", "")
-            request_id = given if _SANE_ID.match(given) else uuid.uuid4().hex
-            await context.send_initial_metadata((("x-request-id", request_id),))
+            rid = request_id(getattr(request, "id", "") or metadata.get("x-request-id", ""))
+            await context.send_initial_metadata((("x-request-id", rid),))
             status = 200
             metrics.in_flight.inc()
             try:
@@ -157,8 +154,7 @@ class Service:
                     and not hmac.compare_digest(metadata.get("authorization", ""), self.token)
                 ):
                     raise HTTPException(401, "missing or wrong bearer token (authorization: Bearer ...)")
-                response = await method(request, request_id)
-                return response
+                return await method(request, rid)
             except HTTPException as exc:
                 status = exc.status_code
                 code = _STATUS_CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT)
@@ -171,25 +167,9 @@ class Service:
             finally:
                 metrics.in_flight.dec()
                 seconds = time.perf_counter() - started
-                metrics.requests.labels(route, str(status)).inc()
-                metrics.latency.labels(route).observe(seconds)
-                if status >= 400:
-                    metrics.errors.labels(str(status)).inc()
+                metrics.record(route, status, seconds)
                 if self.core.config.access_log:
-                    ACCESS_LOG.info(
-                        json.dumps(
-                            {
-                                "ts": round(time.time(), 3),
-                                "request_id": request_id,
-                                "method": "GRPC",
-                                "path": route,
-                                "status": status,
-                                "ms": round(seconds * 1000, 3),
-                                "client": context.peer(),
-                            },
-                            separators=(",", ":"),
-                        )
-                    )
+                    log_request(rid, "GRPC", route, status, seconds, context.peer())
 
         return call
 
