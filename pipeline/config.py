@@ -281,6 +281,15 @@ class OptimizeConfig(Section):
     finetune_distill: float = Field(0.5, ge=0.0, le=1.0)
     """Weight of distillation from the unpruned model during the fine-tune (KL to its softened outputs,
     temperature 2); the rest is the usual label loss. 0 = labels only."""
+    student_width: int = Field(16, ge=0, le=1024)
+    """A student network distilled from the trained model: `model.name` with this first-stage width and one
+    member (a committee's cost divided by members x (width / student_width)^2); 0 = no student."""
+    student_epochs: int = Field(12, ge=1, le=1000)
+    """Epochs the student trains on the training split (the `augment` and `regularize` sections, train.amp)."""
+    student_lr: float = Field(0.003, gt=0.0, le=10.0)
+    """Peak AdamW learning rate of the student (warm-up 20 %, cosine decay to zero, as train)."""
+    student_distill: float = Field(0.7, ge=0.0, le=1.0)
+    """Weight of the KL term to the trained model's softened outputs (temperature 2); the rest is the label loss."""
     parity_max_abs_diff: float = Field(1e-3, gt=0.0)
     """An exported ONNX model may differ from torch by at most this in any logit on the test images."""
     parity_min_top1_agreement: float = Field(0.999, ge=0.0, le=1.0)

@@ -224,5 +224,19 @@ def build_from_arch(arch: Mapping[str, Any], mean: Sequence[float], std: Sequenc
     )
 
 
+def count_macs(model: nn.Module, image_size: int) -> int:
+    """Multiply-adds of one forward pass over one image (torch.utils.flop_counter: convolutions and matrix
+    products; FLOPs / 2), in eval mode (a committee's vote, every member)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(torch.rand(1, 3, image_size, image_size))
+    model.train(was_training)
+    return counter.get_total_flops() // 2
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -23,33 +23,18 @@ import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from pipeline import nets
 from pipeline.artifacts import model as model_file
 from pipeline.runtimes.onnx import OnnxRuntime
 
 
 def macs_per_image(model: nn.Module, size: int) -> int:
-    """Multiply-adds of one forward pass over one image (convolutions and linear layers)."""
-    total = 0
-
-    def count(module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-        nonlocal total
-        if isinstance(module, nn.Conv2d):
-            per_output = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-            total += output[0].numel() * per_output
-        elif isinstance(module, nn.Linear):
-            total += module.in_features * module.out_features
-
-    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
-    with torch.no_grad():
-        model.eval()(torch.rand(1, 3, size, size))
-    for hook in hooks:
-        hook.remove()
-    return total
+    """Multiply-adds of one forward pass over one image (nets.count_macs)."""
+    return nets.count_macs(model, size)
 
 
 def rate(fn: Callable[[], object], seconds: float) -> float:

@@ -1,6 +1,6 @@
-"""The short fine-tune after pruning: training.engine on the training split, with the `augment` and `regularize`
-sections the train stage uses, and distillation from the unpruned model (which recovers accuracy faster than
-labels alone)."""
+"""Training inside optimize, through training.engine with the `augment` and `regularize` sections the train stage
+uses: the short fine-tune after pruning, and the distilled student. Both learn from the trained model's softened
+outputs as well as the labels (distillation recovers and transfers accuracy faster than labels alone)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,48 @@ from torch import nn
 from pipeline import console
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, load_split
+from pipeline.training.distributed import amp_dtype
 from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr
+
+
+def train_from_teacher(
+    model: nn.Module,
+    params: Params,
+    *,
+    epochs: int,
+    lr: float,
+    distill: float,
+    teacher: nn.Module | None,
+    warmup_fraction: float = 0.0,
+    label: str = "fine-tune",
+    log: Callable[[dict[str, float], int], None] | None = None,
+) -> nn.Module:
+    """`epochs` of AdamW at peak `lr` (warm-up, then cosine to zero) on the training split; with a teacher and
+    `distill` > 0 the loss also pulls the outputs towards the teacher's (temperature 2). bf16 autocast follows
+    `train.amp` (on CPUs with AMX and CUDA by default)."""
+    cfg = params.optimize
+    if epochs == 0:
+        return model
+    split = load_split("train")
+    batch = min(cfg.finetune_batch_size, len(split))
+    loader = TrainLoader(split, batch, cfg.seed, augment=AugmentConfig.of(params.augment))
+    optim = make_optimizer(model, "adamw", lr, params.regularize.weight_decay)
+    total = epochs * loader.steps_per_epoch
+    amp = amp_dtype(params.train.amp, torch.device("cpu"))
+    loss = Loss(label_smoothing=params.regularize.label_smoothing, teacher=teacher, distill=distill, teacher_amp=amp)
+    engine = Engine(model, optim, lambda s: one_cycle_lr(s, total, lr, warmup_fraction), loss, amp=amp, seed=cfg.seed)
+    step = 0
+    torch.manual_seed(cfg.seed)
+    model.train()
+    while loader.epoch < epochs:
+        epoch_loss, seen = 0.0, 0
+        for b in console.progress(iter(loader), loader.steps_per_epoch, f"{label} {loader.epoch + 1}/{epochs}"):
+            epoch_loss += engine.step(step, b.images, b.labels, b.global_size)
+            step += 1
+            seen += len(b.labels)
+        if log is not None:
+            log({f"{label.replace('-', '')}_loss": epoch_loss / max(1, seen)}, loader.epoch)
+    return model.eval()
 
 
 def finetune(
@@ -21,28 +62,34 @@ def finetune(
     log: Callable[[dict[str, float], int], None] | None = None,
     teacher: nn.Module | None = None,
 ) -> nn.Module:
-    """`optimize.finetune_epochs` of AdamW at `optimize.finetune_lr`, cosine-decayed to zero; with a teacher and
-    `optimize.finetune_distill` > 0 the loss also pulls the outputs towards the teacher's (temperature 2)."""
+    """The fine-tune after pruning: `optimize.finetune_epochs` at `optimize.finetune_lr`, no warm-up, distilled
+    from the unpruned model with weight `optimize.finetune_distill`."""
     cfg = params.optimize
-    if cfg.finetune_epochs == 0:
-        return model
-    split = load_split("train")
-    batch = min(cfg.finetune_batch_size, len(split))
-    loader = TrainLoader(split, batch, cfg.seed, augment=AugmentConfig.of(params.augment))
-    optim = make_optimizer(model, "adamw", cfg.finetune_lr, params.regularize.weight_decay)
-    total = cfg.finetune_epochs * loader.steps_per_epoch
-    loss = Loss(label_smoothing=params.regularize.label_smoothing, teacher=teacher, distill=cfg.finetune_distill)
-    engine = Engine(model, optim, lambda s: one_cycle_lr(s, total, cfg.finetune_lr, 0.0), loss, seed=cfg.seed)
-    step = 0
-    torch.manual_seed(cfg.seed)
-    model.train()
-    while loader.epoch < cfg.finetune_epochs:
-        epoch_loss, seen = 0.0, 0
-        label = f"fine-tune {loader.epoch + 1}/{cfg.finetune_epochs}"
-        for b in console.progress(iter(loader), loader.steps_per_epoch, label):
-            epoch_loss += engine.step(step, b.images, b.labels, b.global_size)
-            step += 1
-            seen += len(b.labels)
-        if log is not None:
-            log({"finetune_loss": epoch_loss / max(1, seen)}, loader.epoch)
-    return model.eval()
+    return train_from_teacher(
+        model,
+        params,
+        epochs=cfg.finetune_epochs,
+        lr=cfg.finetune_lr,
+        distill=cfg.finetune_distill,
+        teacher=teacher,
+        log=log,
+    )
+
+
+def distill_student(
+    student: nn.Module, teacher: nn.Module, params: Params, log: Callable[[dict[str, float], int], None] | None = None
+) -> nn.Module:
+    """A freshly initialised student trained from the teacher's soft targets plus labels (`optimize.student_*`),
+    with train's warm-up."""
+    cfg = params.optimize
+    return train_from_teacher(
+        student.to(memory_format=torch.channels_last),
+        params,
+        epochs=cfg.student_epochs,
+        lr=cfg.student_lr,
+        distill=cfg.student_distill,
+        teacher=teacher.eval(),
+        warmup_fraction=params.train.warmup_fraction,
+        label="student",
+        log=log,
+    )

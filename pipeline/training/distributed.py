@@ -47,12 +47,20 @@ def choose_device(wanted: str) -> torch.device:
     return torch.device("cpu")
 
 
-def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+def amp_dtype(amp: str, device: torch.device, cpu_flags: set[str] | None = None) -> torch.dtype | None:
+    """bf16 autocast for `bf16`; for `auto`, where bf16 matrix units make it pay: CUDA with bf16, and x86 CPUs
+    with AMX (`amx_bf16`: the default recipe trains 1.8-2x faster there). AVX512-BF16 alone or AVX2 would be
+    slower than fp32 (3x on an AVX2 EPYC), so those stay fp32."""
     if amp == "bf16":
         return torch.bfloat16
-    if amp == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
+    if amp != "auto":
+        return None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    from pipeline.machine import cpu_flags as read_cpu_flags
+
+    flags = read_cpu_flags() if cpu_flags is None else cpu_flags
+    return torch.bfloat16 if "amx_bf16" in flags and torch.backends.mkldnn.is_available() else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:

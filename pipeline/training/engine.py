@@ -65,6 +65,8 @@ class Loss:
     teacher: nn.Module | None = None
     distill: float = 0.0
     """Weight of the KL term to the teacher's softened outputs (temperature DISTILL_TEMPERATURE)."""
+    teacher_amp: torch.dtype | None = None
+    """Autocast dtype of the teacher's forward (its outputs are only targets: bf16 halves their cost)."""
 
     def sums(self, logits: torch.Tensor, labels: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(the loss summed over the batch and the members, the label loss per member as a float)."""
@@ -76,8 +78,9 @@ class Loss:
             return label_sum, per_member
         members = len(flat_labels) // len(labels)
         t = DISTILL_TEMPERATURE
-        with torch.no_grad():
-            target = F.log_softmax(self.teacher(images).float() / t, dim=1).repeat(members, 1)
+        with torch.no_grad(), autocast(images.device, self.teacher_amp):
+            teacher_logits = self.teacher(images)
+        target = F.log_softmax(teacher_logits.float() / t, dim=1).repeat(members, 1)
         kl_sum = F.kl_div(F.log_softmax(flat_logits / t, dim=1), target, log_target=True, reduction="sum") * (t * t)
         return (1 - self.distill) * label_sum + self.distill * kl_sum, per_member
 

@@ -62,6 +62,11 @@ def test_choice_is_the_fastest_serving_setup_within_the_gate() -> None:
     chosen = benchmark.choose(results, 0.99, config)
     assert chosen is not None and chosen.setup.variant == "pruned-onnx" and chosen.setup.threads == 0
     assert benchmark.choose(results[:2], 0.99, config) is None
+    # Per variant: each backend must keep its own variant's accuracy (optimize gated the variants themselves).
+    own = {"fp32": 0.99, "int8-onnx": 0.975, "fp32-onnx": 0.99, "pruned-onnx": 0.99}
+    chosen = benchmark.choose(results, own, config)
+    assert chosen is not None and chosen.setup.variant == "int8-onnx"
+    assert benchmark.choose(results, {"fp32-onnx": 0.99}, config).setup.variant == "fp32-onnx"  # type: ignore[union-attr]
 
 
 def test_failing_setup_is_reported_and_the_rest_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,3 +131,25 @@ def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeyp
     assert "**(served)**" in Path("reports/benchmark/table.md").read_text()
     assert Path("reports/benchmark/throughput.png").stat().st_size > 0
     assert "Conv" in Path("reports/benchmark/profile.txt").read_text()
+
+
+def _timed(variant: str, backend: str, setting: str, threads: int, b32: float) -> dict:
+    setup = {"variant": variant, "backend": backend, "setting": setting, "threads": threads}
+    return {"setup": setup, "status": "ok", "metrics": {"throughput_b32": b32, "p50_ms": 1.0, "accuracy": 0.99}}
+
+
+def test_headline_ratios_are_against_each_eager_baseline_at_its_better_thread_count() -> None:
+    # On AVX-512 machines eager can be slower with all threads than with one: the baseline takes the faster.
+    results = [
+        _timed("fp32", "torch-eager", "onednn-off", 0, 800.0),
+        _timed("fp32", "torch-eager", "onednn-off", 1, 1000.0),
+        _timed("fp32", "torch-eager", "onednn-on", 0, 3000.0),
+        _timed("fp32", "torch-eager", "onednn-on", 1, 2000.0),
+        _timed("student-int8-onnx", "onnxruntime", "default", 0, 30000.0),
+    ]
+    chosen = {**results[-1]["setup"], "metrics": results[-1]["metrics"]}
+    report = {"results": results, "chosen": chosen, "machine": {"isa": ["avx512f", "amx_int8"]}}
+    out = benchmark.headline(report, 32)
+    assert out["speedup_b32_vs_default_eager"] == 10.0 and out["default_eager_threads"] == "all"
+    assert out["speedup_b32_vs_eager_onednn_off"] == 30.0
+    assert out["isa"] == "avx512f amx_int8"

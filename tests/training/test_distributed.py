@@ -1,0 +1,23 @@
+"""train.amp: which precision `auto` picks, by device and CPU features."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.training.distributed import amp_dtype
+
+CPU = torch.device("cpu")
+
+
+def test_auto_uses_bf16_on_cpus_with_amx_and_fp32_elsewhere() -> None:
+    amx = {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    expected = torch.bfloat16 if torch.backends.mkldnn.is_available() else None
+    assert amp_dtype("auto", CPU, amx) is expected
+    # AVX512-BF16 without the matrix units, or AVX2 only: bf16 would be slower than fp32 there.
+    assert amp_dtype("auto", CPU, {"avx2", "avx512f", "avx512_bf16"}) is None
+    assert amp_dtype("auto", CPU, {"avx2", "fma"}) is None
+
+
+def test_explicit_settings_win_over_the_machine() -> None:
+    assert amp_dtype("off", CPU, {"amx_bf16"}) is None
+    assert amp_dtype("bf16", CPU, {"avx2"}) is torch.bfloat16
