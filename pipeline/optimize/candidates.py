@@ -191,6 +191,7 @@ class Optimizer:
     def torch_family(self, prefix: str, model: nn.Module, like: dict[str, Any], extra: dict[str, Any]) -> None:
         """`<prefix>` (torch fp32) then `<prefix>-onnx` and `<prefix>-int8-onnx` from it."""
         params = nets.count_parameters(model)
+        extra = {**extra, "macs": nets.count_macs(model, self.image_size)}  # the same graph in every format
         fp32 = Candidate(prefix, f"{prefix}.pt", "torch-state-dict", TORCH_RUNTIMES, "fp32", params)
         fp32.details.update(extra)
         self.attempt(fp32, lambda: model_file.write_like(self.staging / fp32.file, model, like, variant=prefix))
@@ -198,11 +199,13 @@ class Optimizer:
         onnx_name = "fp32-onnx" if prefix == "fp32" else f"{prefix}-onnx"
         onnx = Candidate(onnx_name, f"{onnx_name}.onnx", "onnx", [ONNXRUNTIME], "fp32", params, prefix)
         onnx.reference_logits = torch_logits
+        onnx.details["macs"] = extra["macs"]
         exported = self.attempt(onnx, lambda: export.export_onnx(model, self.staging / onnx.file, self.image_size))
         if not self.cfg.int8_onnx or not (self.staging / onnx.file).exists() or exported.reason.startswith("could not"):
             return
         int8_name = "int8-onnx" if prefix == "fp32" else f"{prefix}-int8-onnx"
         int8 = Candidate(int8_name, f"{int8_name}.onnx", "onnx", [ONNXRUNTIME], "int8", params, onnx_name)
+        int8.details["macs"] = extra["macs"]
 
         def make_int8() -> None:
             int8.details.update(

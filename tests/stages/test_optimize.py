@@ -162,6 +162,8 @@ def _params(tmp: Path | None = None, tracking: bool = False, **optimize: object)
             "finetune_batch_size": 32,
             "calibration_images": 64,
             "max_accuracy_drop": 0.02,
+            "student_width": 4,
+            "student_epochs": 2,
             **optimize,
         },
         "tracking": {"enabled": tracking, "uri": "sqlite:///mlflow.db", "experiment": "test"},
@@ -243,6 +245,13 @@ def test_stage_ships_only_accepted_variants(optimized: Path) -> None:
     manifest = json.loads((optimized / "models" / "manifest.json").read_text())
     by_name = {v["name"]: v for v in manifest["variants"]}
     assert {"fp32", "fp32-onnx", "int8-onnx", "int8-pt2e", "pruned", "pruned-onnx"} <= set(by_name)
+    # The distilled student (one network of width 4 against the committee of two): its own rows, fewer MACs.
+    assert {"student", "student-onnx", "student-int8-onnx"} <= set(by_name)
+    student, teacher = by_name["student"], by_name["fp32"]
+    assert student["details"]["student_of"] == "fp32" and student["details"]["student_epochs"] == 2
+    assert student["details"]["macs"] < 0.6 * teacher["details"]["macs"]
+    assert by_name["student-int8-onnx"]["details"]["macs"] == student["details"]["macs"]
+    assert student["parameters"] < teacher["parameters"]
     assert by_name["fp32-onnx"]["accepted"] and by_name["fp32-onnx"]["parity"]["passed"]
     assert by_name["fp32-onnx"]["parity"]["max_abs_diff"] < 1e-3
     for name in ("int8-onnx", "int8-pt2e"):  # made (the committee's graph quantizes), whatever the gate said
@@ -492,3 +501,34 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
         assert variant.served_accuracy is not None, variant.name
         runtime = open_runtime(tiny_project / "models", variant.name)
         assert variant.served_accuracy == float((runtime.predict(images).argmax(1) == labels).mean())
+
+
+def test_a_distilled_student_learns_the_teachers_outputs(workdir: Path) -> None:
+    """distill_student trains a fresh, smaller network (train's warm-up, the teacher's soft targets): it ends
+    far closer to the teacher than it started, and agrees with it on many more test images."""
+    from pipeline.optimize.finetune import distill_student
+
+    write_prepared(workdir, size=16)
+    teacher, payload = model_file.read(write_model(workdir, steps=60))
+    with np.load(workdir / "data" / "prepared" / "test.npz") as arrays:
+        x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
+    torch.manual_seed(0)
+    student = nets.build_from_arch({**payload["arch"], "width": 4}, payload["mean"], payload["std"])
+    assert nets.count_macs(student, 16) < nets.count_macs(teacher, 16)
+
+    def gap(model: nn.Module) -> float:
+        with torch.no_grad():
+            return float(
+                torch.nn.functional.kl_div(
+                    model.eval()(x).log_softmax(1), teacher(x).log_softmax(1), log_target=True, reduction="batchmean"
+                )
+            )
+
+    def agreement(model: nn.Module) -> float:
+        with torch.no_grad():
+            return float((model.eval()(x).argmax(1) == teacher(x).argmax(1)).float().mean())
+
+    before, agreed_before = gap(student), agreement(student)
+    distilled = distill_student(student, teacher, _params(student_epochs=8, student_lr=0.01, student_distill=1.0))
+    assert gap(distilled) < 0.7 * before
+    assert agreement(distilled) > agreed_before + 0.2, (agreed_before, agreement(distilled))
