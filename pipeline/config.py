@@ -72,7 +72,7 @@ class ModelConfig(Section):
 
     name: Literal["trafficsignnet", "signnet"] = "signnet"
     """`signnet`: the default compact CNN; `trafficsignnet`: Arm's learning-path reference network."""
-    width: int = Field(16, ge=4, le=256)
+    width: int = Field(32, ge=4, le=256)
     """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     """signnet: dropout before the classifier."""
@@ -150,7 +150,7 @@ class RegularizeParams(Section):
 class EvaluateConfig(Section):
     """The evaluate stage: metrics on the test split and the quality gate."""
 
-    min_accuracy: float = Field(0.965, ge=0.0, le=1.0)
+    min_accuracy: float = Field(0.985, ge=0.0, le=1.0)
     """Fail the stage when the served test accuracy (original files, whole, through the server's preprocessing)
     is below this (0 disables the gate)."""
     worst_classes: int = Field(5, ge=0, le=256)
@@ -281,10 +281,10 @@ class OptimizeConfig(Section):
     finetune_distill: float = Field(0.5, ge=0.0, le=1.0)
     """Weight of distillation from the unpruned model during the fine-tune (KL to its softened outputs,
     temperature 2); the rest is the usual label loss. 0 = labels only."""
-    student_width: int = Field(16, ge=0, le=1024)
+    student_width: int = Field(24, ge=0, le=1024)
     """A student network distilled from the trained model: `model.name` with this first-stage width and one
     member (a committee's cost divided by members x (width / student_width)^2); 0 = no student."""
-    student_epochs: int = Field(12, ge=1, le=1000)
+    student_epochs: int = Field(10, ge=1, le=1000)
     """Epochs the student trains on the training split (the `augment` and `regularize` sections, train.amp)."""
     student_lr: float = Field(0.003, gt=0.0, le=10.0)
     """Peak AdamW learning rate of the student (warm-up 20 %, cosine decay to zero, as train)."""
