@@ -2,6 +2,7 @@
 
     uv run pipeline bench train                      # data/prepared if present, else synthetic
     uv run pipeline bench train --model trafficsignnet --steps 40 --out reports/bench_train.json
+    uv run pipeline bench train --width 32 --members 2 --against-width 16   # this recipe vs the previous one
 
 Measures, with the train stage's own pieces (loader, model, optimizer, DDP/FSDP wrapping):
   loader            the batch loader alone (gather + uint8->float + per-image augmentation)
@@ -10,6 +11,8 @@ Measures, with the train stage's own pieces (loader, model, optimizer, DDP/FSDP 
   train compile     the same through torch.compile (compile time reported separately, not in the rate)
   train bf16        the same under bf16 autocast
   train 2 procs     loader + step, DDP (and FSDP) over 2 processes with gloo, the cores split between them
+  train against     with --against-width W: loader + step of the same committee at width W in fp32 (the previous
+                    default recipe was width 16, fp32 on CPUs), interleaved with the rest
 Each single-process case runs `--rounds` times, interleaved, and keeps its best rate (the machine is shared).
 """
 
@@ -66,10 +69,10 @@ def build_model(params: Params, data: Data) -> torch.nn.Module:
     return nets.build_from_arch(arch, data.mean, data.std)
 
 
-def params_for(args: argparse.Namespace, **train: Any) -> Any:
+def params_for(args: argparse.Namespace, width: int | None = None, **train: Any) -> Any:
     return parse_params(
         {
-            "model": {"name": args.model, "width": args.width, "members": args.members},
+            "model": {"name": args.model, "width": width or args.width, "members": args.members},
             "train": {"batch_size": args.batch, **train},
             "tracking": {"enabled": False},
         }
@@ -79,7 +82,8 @@ def params_for(args: argparse.Namespace, **train: Any) -> Any:
 def time_loop(args: argparse.Namespace, split: Split, data: Data, mode: str, d: Dist) -> dict[str, float]:
     """Rate of `mode` (loader | step | train) for args.steps steps after args.warmup, on this rank: the train
     stage's loader, model, optimizer and training.engine step."""
-    params = params_for(args, compile=mode == "compile", strategy=args.strategy_now)
+    width = args.against_width if mode == "against" else None
+    params = params_for(args, width, compile=mode == "compile", strategy=args.strategy_now)
     torch.manual_seed(0)
     model = distributed.wrap_model(build_model(params, data), params.train.strategy, d)
     t = params.train
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--skip", nargs="*", default=[], help="cases to leave out: compile bf16 ddp fsdp")
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    ap.add_argument(
+        "--against-width", type=int, default=0, help="also time the committee at this width in fp32 (previous: 16)"
+    )
+    ap.add_argument("--epochs", type=int, default=12, help="epochs for the projected training times")
     args = ap.parse_args(argv)
     args.strategy_now = "ddp"
 
@@ -170,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     split, data, source = get_data(args.data)
     d = Dist(0, 1, torch.device("cpu"))
     modes = ["loader", "step", "train"] + [m for m in ("compile", "bf16") if m not in args.skip]
+    if args.against_width:
+        modes.append("against")
     results: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
         for mode in modes:
@@ -191,6 +201,15 @@ def main(argv: list[str] | None = None) -> None:
         ratios["compile_vs_eager"] = rate["compile"] / rate["train"]
     if "bf16" in rate:
         ratios["bf16_vs_fp32"] = rate["bf16"] / rate["train"]
+    projected: dict[str, float] = {}
+    if "against" in rate:
+        # What the recipes cost per run: the chosen precision of this width against the other width in fp32.
+        ours = rate["bf16"] if "bf16" in rate and distributed.amp_dtype("auto", torch.device("cpu")) else rate["train"]
+        ratios["this_recipe_vs_against_width_fp32"] = ours / rate["against"]
+        projected = {
+            f"width {args.width}, train.amp auto": args.epochs * len(split) / ours,
+            f"width {args.against_width}, fp32": args.epochs * len(split) / rate["against"],
+        }
     for strategy in ("ddp", "fsdp"):
         if f"2proc_{strategy}" in rate:
             ratios[f"2proc_{strategy}_vs_1proc"] = rate[f"2proc_{strategy}"] / rate["train"]
@@ -206,6 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         "compile_warmup_s": round(results["compile"]["warmup_s"], 1) if "compile" in results else None,
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
     }
+    if projected:
+        report[f"projected_seconds_{args.epochs}_epochs_of_{len(split)}_images"] = {
+            k: round(v, 1) for k, v in projected.items()
+        }
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
