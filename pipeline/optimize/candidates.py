@@ -169,7 +169,8 @@ class Optimizer:
         )
         self.results.append(variant)
         state = "accepted" if accepted else f"REJECTED ({variant.reason})"
-        console.log(f"{c.name}: top-1 {accuracy:.4f} ({-100 * drop:+.2f} points), {state}")
+        served = f"served {variant.served_accuracy:.4f}, " if variant.served_accuracy is not None else ""
+        console.log(f"{c.name}: {served}ROI top-1 {accuracy:.4f} ({-100 * drop:+.2f} points), {state}")
         self.last_logits = logits
         return variant
 
