@@ -267,13 +267,13 @@ class Optimizer:
             self.torch_family("pruned", pruned, payload, extra)
 
         if cfg.student_width > 0:
-            self.student(payload, log)
+            self.student(model, payload, log)
 
-    def student(self, payload: dict[str, Any], log: Callable[..., None]) -> None:
+    def student(self, teacher: nn.Module, payload: dict[str, Any], log: Callable[..., None]) -> None:
         """`student`, `student-onnx`, `student-int8-onnx`: one network of `optimize.student_width`, trained from
-        scratch on the trained model's soft targets plus labels, then exported and quantized like the others."""
+        scratch on the trained model's soft targets plus labels, then exported and quantized like the others.
+        The teacher is only read (eval mode), so the trained model itself serves, unlike pruning's copy."""
         cfg = self.cfg
-        teacher, _ = model_file.read(self.staging / "fp32.pt")
         arch = {**payload["arch"], "width": cfg.student_width, "members": 1}
         torch.manual_seed(cfg.seed)
         student = nets.build_from_arch(arch, payload["mean"], payload["std"])
