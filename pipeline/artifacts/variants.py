@@ -105,7 +105,8 @@ class ModelManifest(_Strict):
     input: InputSpec
     output: InputSpec
     baseline_accuracy: float
-    """Top-1 of the fp32 torch model on the test split: what `accuracy_drop` is measured from."""
+    """Top-1 of the fp32 torch model on the gate's images (the served test files plus validation framed as
+    served, else the test split's ROI crops): what `accuracy_drop` is measured from."""
     test_images: int
     max_accuracy_drop: float
     variants: list[Variant]

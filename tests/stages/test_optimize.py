@@ -503,6 +503,34 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
         assert variant.served_accuracy == float((runtime.predict(images).argmax(1) == labels).mean())
 
 
+def test_the_gate_judges_the_served_test_files_and_validation_together(tiny_project: Path) -> None:
+    """The 0.5-point gate is measured on the served test files plus the validation split (prepared as served):
+    every variant's drop is fp32's figure on those images minus its own, recomputed here through the runtimes."""
+    from pipeline.artifacts.prepared import read_manifest as read_prepared
+    from pipeline.artifacts.prepared import read_split, read_test_files
+    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.runtimes import open_runtime, read_manifest
+    from pipeline.serve.protocol import decode_images
+
+    prepared = tiny_project / "data" / "prepared"
+    assert read_prepared(prepared).framing == "served"
+    manifest = read_manifest(tiny_project / "models")
+    originals = read_test_files(prepared)
+    images = decode_images([(f.read_bytes(), None) for f in originals], manifest.preprocess.framing(), MAX_PIXELS)
+    labels = np.asarray([f.label for f in originals])
+    val = read_split("val", prepared)
+    assert len(val) > 0
+    fp32 = next(v for v in manifest.variants if v.name == "fp32")
+    assert manifest.baseline_accuracy == fp32.details["gate_accuracy"]
+    for variant in manifest.accepted():
+        runtime = open_runtime(tiny_project / "models", variant.name)
+        correct = int((runtime.predict(images).argmax(1) == labels).sum())
+        correct += int((runtime.predict(val.model_input()).argmax(1) == val.labels).sum())
+        assert variant.details["gate_images"] == len(labels) + len(val), variant.name
+        assert variant.details["gate_accuracy"] == pytest.approx(correct / (len(labels) + len(val))), variant.name
+        assert variant.accuracy_drop == pytest.approx(manifest.baseline_accuracy - correct / (len(labels) + len(val)))
+
+
 def test_a_distilled_student_learns_the_teachers_outputs(workdir: Path) -> None:
     """distill_student trains a fresh, smaller network (train's warm-up, the teacher's soft targets): it ends
     far closer to the teacher than it started, and agrees with it on many more test images."""
