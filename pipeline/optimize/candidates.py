@@ -192,7 +192,11 @@ class Optimizer:
         self.results.append(variant)
         state = "accepted" if accepted else f"REJECTED ({variant.reason})"
         served = f"served {variant.served_accuracy:.4f}, " if variant.served_accuracy is not None else ""
-        console.log(f"{c.name}: {served}ROI top-1 {accuracy:.4f} ({-100 * drop:+.2f} points), {state}")
+        on_gate = variant.details.get("gate_accuracy")
+        gate = (
+            "" if on_gate is None else f"gate {float(on_gate):.4f} on {variant.details['gate_images']} served images, "
+        )
+        console.log(f"{c.name}: {served}{gate}ROI top-1 {accuracy:.4f}; {-100 * drop:+.2f} points on the gate, {state}")
         self.last_logits = logits
         return variant
 
