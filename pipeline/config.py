@@ -318,7 +318,8 @@ class ContainerizeConfig(Section):
     image: str = Field("gtsrb-server", pattern=r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9]$")
     """Image repository, e.g. `gtsrb-server` or `ghcr.io/OWNER/gtsrb-server`; tags: git commit, model version."""
     variant: str = "auto"
-    """`fp32-onnx`, `int8-onnx`, or `auto`: the benchmark stage's choice when it is an ONNX variant, else fp32-onnx."""
+    """An accepted ONNX variant of models/manifest.json (`fp32-onnx`, `int8-onnx`, `student-int8-onnx`, ...), or
+    `auto`: the benchmark stage's choice."""
     base_image: str = "local/python:3.11-slim-bookworm"
     """Base of both Dockerfile stages. A `local/...` name that is missing is built with docker/base-image.sh
     (debootstrap); `python:3.11-slim-bookworm` where Docker Hub is reachable."""

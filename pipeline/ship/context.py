@@ -24,7 +24,6 @@ DOCKER_DIR = REPO_ROOT / "docker"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 REQUIREMENTS_IN = DOCKER_DIR / "requirements-serve.in"
 LOCK_FILE = REPO_ROOT / "uv.lock"
-ONNX_VARIANTS = ("fp32-onnx", "int8-onnx")
 # The package source goes in whole (training modules are small; their torch imports never run).
 PACKAGE_DIR = REPO_ROOT / "pipeline"
 
@@ -180,15 +179,15 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
         variant = choice.variant
         if variant in accepted:
             choice.check_against(variant, accepted[variant].sha256, models_dir, "containerize.variant")
-    if variant not in ONNX_VARIANTS:
+    # Any accepted ONNX file ships (fp32-onnx, int8-onnx, the student's or the pruned model's): the image runs
+    # ONNX Runtime only.
+    onnx = sorted(name for name, v in accepted.items() if v.format == "onnx")
+    if variant not in onnx:
+        known = variant in accepted or any(v.name == variant for v in manifest.variants)
+        why = "is not an ONNX file" if variant in accepted else "is not accepted" if known else "is not in the manifest"
         raise StageError(
-            f"containerize.variant {variant!r}: the server image runs ONNX Runtime only; use one of "
-            f"{', '.join(ONNX_VARIANTS)} (or auto)"
-        )
-    if variant not in accepted:
-        raise StageError(
-            f"variant {variant!r} is not among the accepted variants in {models_dir / 'manifest.json'}: "
-            f"{', '.join(sorted(accepted)) or 'none'}"
+            f"containerize.variant {variant!r} {why} ({models_dir / 'manifest.json'}): the server image runs ONNX "
+            f"Runtime only; use one of {', '.join(onnx) or 'none (rerun optimize)'} (or auto)"
         )
     entry = accepted[variant]
     files = [Path(entry.file)]

@@ -429,6 +429,42 @@ def test_without_the_benchmarks_choice_auto_refuses_to_guess(models_dir: Path, t
     assert choose_model(models, "fp32-onnx").variant == "fp32-onnx"
 
 
+def test_the_benchmarks_choice_of_a_smaller_onnx_model_ships(models_dir: Path, tmp_path: Path) -> None:
+    """The benchmark may choose a smaller accepted model (the distilled student, the pruned copy): containerize
+    ships whichever accepted ONNX variant it chose, and names why a torch file, a rejected variant or an unknown
+    name cannot ship."""
+    import shutil
+
+    from pipeline.artifacts import serving as serving_file
+    from pipeline.artifacts.variants import read_manifest, write_manifest
+    from pipeline.errors import StageError
+    from pipeline.ship.context import choose_model
+
+    models = tmp_path / "models"
+    shutil.copytree(models_dir, models)
+    manifest = read_manifest(models)
+    int8 = manifest.variant("int8-onnx")
+    student = int8.model_copy(update={"name": "student-int8-onnx", "file": "variants/student-int8-onnx.onnx"})
+    shutil.copy(models / int8.file, models / student.file)
+    rejected = int8.model_copy(update={"name": "pruned-int8-onnx", "file": "", "accepted": False, "reason": "drop"})
+    write_manifest(models, manifest.model_copy(update={"variants": [*manifest.variants, student, rejected]}))
+    serving_file.write(
+        serving_file.ServingChoice(variant="student-int8-onnx", backend="onnxruntime", sha256=student.sha256), models
+    )
+    chosen = choose_model(models, "auto")
+    assert (chosen.variant, chosen.files, chosen.version) == (
+        "student-int8-onnx",
+        [Path(student.file)],
+        student.sha256[:12],
+    )
+    with pytest.raises(StageError, match=r"'fp32' is not an ONNX file.*use one of .*student-int8-onnx"):
+        choose_model(models, "fp32")
+    with pytest.raises(StageError, match=r"'pruned-int8-onnx' is not accepted"):
+        choose_model(models, "pruned-int8-onnx")
+    with pytest.raises(StageError, match=r"'int9-onnx' is not in the manifest"):
+        choose_model(models, "int9-onnx")
+
+
 def test_a_choice_measured_on_another_file_is_refused(models_dir: Path, tmp_path: Path) -> None:
     """optimize rebuilt the variants after the benchmark (same names, other files): the old choice is stale."""
     import shutil
