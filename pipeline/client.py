@@ -123,11 +123,6 @@ def encode(image: Any, kind: str = "png") -> bytes:
     return buffer.getvalue()
 
 
-def png_multipart(images: np.ndarray, boundary: str = "----gtsrb-smoke-boundary") -> tuple[bytes, str]:
-    """A multipart body with each uint8 image as a PNG file (field `files`), and its Content-Type."""
-    return multipart([encode(image) for image in images], "png", boundary)
-
-
 def predict_files(base_url: str, files: list[bytes], kind: str = "png", batch_size: int = 32) -> list[int]:
     """Top-1 class ids for encoded image files sent whole (no box) through /v1/predict, `batch_size` a request."""
     predicted: list[int] = []
@@ -146,9 +141,18 @@ def top1(answer: bytes) -> list[int]:
 
 
 def predict_png(base_url: str, images: np.ndarray) -> list[int]:
-    """Top-1 class ids for uint8 images sent as PNG files through /v1/predict (multipart)."""
-    body, content_type = png_multipart(images)
-    status, _, answer = http("POST", f"{base_url}/v1/predict", body, {"Content-Type": content_type})
+    """Top-1 class ids for uint8 model-size images (prepared crops) sent as PNG files through /v1/predict, each
+    with its whole extent as the sign's box: the server then decodes exactly these pixels (a box + margin clipped
+    to the image, resized to the size it already has), where a file without a box would be framed again (the
+    served crop cuts its borders) and differ from the tensor path's input."""
+    import base64
+
+    items = [
+        {"data": base64.b64encode(encode(image)).decode(), "box": [0, 0, image.shape[1] - 1, image.shape[0] - 1]}
+        for image in images
+    ]
+    body = json.dumps({"images": items}).encode()
+    status, _, answer = http("POST", f"{base_url}/v1/predict", body, {"Content-Type": "application/json"})
     if status != 200:
         raise StageError(f"/v1/predict failed: HTTP {status}: {answer[:300]!r}")
     return top1(answer)

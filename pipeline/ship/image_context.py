@@ -27,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--platform", action="append", dest="platforms")
-    parser.add_argument("--variant", default="auto", help="an accepted ONNX variant (fp32-onnx, int8-onnx, student-int8-onnx, ...) | auto (the benchmark's choice)")
+    parser.add_argument(
+        "--variant",
+        default="auto",
+        help="an accepted ONNX variant (fp32-onnx, int8-onnx, student-int8-onnx, ...) | auto (the benchmark's choice)",
+    )
     args = parser.parse_args(argv)
     platforms = args.platforms or ["linux/amd64", "linux/arm64"]
     try:
