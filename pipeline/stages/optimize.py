@@ -7,7 +7,8 @@
         `tracking.registered_model_name`.
 
 Variants: fp32 (the trained model), fp32-onnx, int8-onnx, int8-pt2e, bf16 (native bf16 CPUs only, or
-bf16=on), pruned, pruned-onnx, pruned-int8-onnx.
+bf16=on); with optimize.prune_amount > 0: pruned, pruned-onnx, pruned-int8-onnx; with optimize.student_width > 0
+(the speed profile): student, student-onnx, student-int8-onnx.
 """
 
 from __future__ import annotations
