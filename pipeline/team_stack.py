@@ -80,7 +80,8 @@ class Credentials:
             saved = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
         def pick(name: str) -> str:
-            return os.environ.get(name) or saved.get(name) or secrets.token_urlsafe(18)
+            # Hex, not urlsafe base64: a generated key starting with '-' was read as an option by CLIs (dvc).
+            return os.environ.get(name) or saved.get(name) or secrets.token_hex(18)
 
         made = cls(pick("TEAM_DB_PASSWORD"), pick("AWS_ACCESS_KEY_ID"), pick("AWS_SECRET_ACCESS_KEY"))
         if not path.is_file():
@@ -331,14 +332,18 @@ def dvc_remote(endpoint: str, credentials: Credentials, repo: Path, name: str = 
     .dvc/config.local."""
     dvc = [sys.executable, "-m", "dvc"]
     for args in (
-        ["remote", "add", "--force", "--default", name, DVC_URL],
-        ["remote", "modify", name, "endpointurl", endpoint],
-        ["remote", "modify", "--local", name, "access_key_id", credentials.s3_access_key],
-        ["remote", "modify", "--local", name, "secret_access_key", credentials.s3_secret_key],
+        ["remote", "add", "--force", "--default", "--", name, DVC_URL],
+        ["remote", "modify", "--", name, "endpointurl", endpoint],
+        # `--` ends the options: a key that starts with '-' (set by the user) is a value, not an option.
+        ["remote", "modify", "--local", "--", name, "access_key_id", credentials.s3_access_key],
+        ["remote", "modify", "--local", "--", name, "secret_access_key", credentials.s3_secret_key],
     ):
         done = subprocess.run([*dvc, *args], cwd=repo, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
-            raise StageError(f"dvc {' '.join(args[:3])} failed: {done.stderr.strip()}")
+            error = done.stderr.strip()
+            for secret in (credentials.s3_access_key, credentials.s3_secret_key):
+                error = error.replace(secret, "<redacted>")  # dvc echoes bad arguments: never print a key
+            raise StageError(f"dvc {' '.join(a for a in args[:3] if a != '--')} failed: {error}")
 
 
 # ---- the same stack as containers: deploy/platform/compose.yaml runs this image three times ----

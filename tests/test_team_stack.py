@@ -250,3 +250,22 @@ def test_platform_commands_refuse_clearly(tmp_path: Path) -> None:
     remote = subprocess.run([sys.executable, "-m", "pipeline.cli", "platform", "dvc-remote", "--dir", str(tmp_path)],
                             capture_output=True, text=True, env=env)  # fmt: skip
     assert remote.returncode == 2 and "Traceback" not in remote.stderr and "platform up" in remote.stderr
+
+
+def test_keys_that_start_with_a_dash_are_values_and_generated_keys_are_hex(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dvc's parser once took a generated secret starting with '-' for an option (and echoed it in the error):
+    `--` ends dvc's options, and the keys the stack generates are hex."""
+    from pipeline.team_stack import Credentials, dvc_remote
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
+    dvc_remote("http://127.0.0.1:9", Credentials("pw", "-access-key", "-390-secret"), tmp_path)
+    local = (tmp_path / ".dvc" / "config.local").read_text()
+    assert "access_key_id = -access-key" in local and "secret_access_key = -390-secret" in local
+    for name in ("TEAM_DB_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    made = Credentials.load(tmp_path / "stack")
+    for key in (made.db_password, made.s3_access_key, made.s3_secret_key):
+        assert re.fullmatch(r"[0-9a-f]{36}", key), key
