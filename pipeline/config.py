@@ -287,7 +287,7 @@ class OptimizeConfig(Section):
     student_width: int = Field(0, ge=0, le=1024)
     """A student network distilled from the trained model: `model.name` with this first-stage width and one
     member (a committee's cost divided by members x (width / student_width)^2); 0 = no student. Off by default:
-    the student that passes the gate (width 28 of the width-32 pair: 37.5 % of the multiply-adds) serves 2.5x
+    the student that passes the gate (width 28 of the width-32 pair: 38 % of the multiply-adds) serves 2x
     faster but about 0.4 points less accurately, and costs 7 minutes of optimize (README, "the speed profile")."""
     student_epochs: int = Field(12, ge=1, le=1000)
     """Epochs the student trains on the training split (the `augment` and `regularize` sections, train.amp)."""

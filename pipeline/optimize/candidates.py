@@ -87,12 +87,11 @@ class Optimizer:
         served = served_test_inputs()  # what users send, as the server decodes it
         self.served = None if served is None else Images(*served)
         # Validation framed as served joins the gate (see the module's docstring); ROI-framed validation does not.
-        val = read_split("val", PREPARED_DIR, image_size=self.image_size)
-        self.gate_val = (
-            Images(val.model_input(), val.labels.astype(np.int64))
-            if self.served is not None and prepared.framing == "served" and len(val)
-            else None
-        )
+        self.gate_val: Images | None = None
+        if self.served is not None and prepared.framing == "served":
+            val = read_split("val", PREPARED_DIR, image_size=self.image_size)
+            if len(val):
+                self.gate_val = Images(val.model_input(), val.labels.astype(np.int64))
         self.results: list[Variant] = []
         self.baseline: float | None = None
 
@@ -119,9 +118,10 @@ class Optimizer:
         if self.served is not None:  # what users send: the original files, whole, as the server decodes them
             served_logits = predict_all(runtime, self.served.images, self.cfg.batch_size)
             served_predicted = served_logits.argmax(1)
-            c.details["served_accuracy"] = float((served_predicted == self.served.labels).mean())
+            hits = served_predicted == self.served.labels
+            c.details["served_accuracy"] = float(hits.mean())
             c.details["served_predicted"] = served_predicted.astype(int).tolist()
-            correct, images = int((served_predicted == self.served.labels).sum()), len(self.served.labels)
+            correct, images = int(hits.sum()), len(hits)
             if self.gate_val is not None:
                 val_predicted = predict_all(runtime, self.gate_val.images, self.cfg.batch_size).argmax(1)
                 val_correct = int((val_predicted == self.gate_val.labels).sum())

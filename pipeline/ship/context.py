@@ -183,7 +183,7 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     # ONNX Runtime only.
     onnx = sorted(name for name, v in accepted.items() if v.format == "onnx")
     if variant not in onnx:
-        known = variant in accepted or any(v.name == variant for v in manifest.variants)
+        known = any(v.name == variant for v in manifest.variants)
         why = "is not an ONNX file" if variant in accepted else "is not accepted" if known else "is not in the manifest"
         raise StageError(
             f"containerize.variant {variant!r} {why} ({models_dir / 'manifest.json'}): the server image runs ONNX "
