@@ -3,7 +3,7 @@ classifies encoded image files (PNG, JPEG, PPM, ... whole, as users send them) e
 
 The model is logged *from code* (MLflow's models-from-code): this file is the model's definition, and loading
 imports it instead of unpickling an object. Its artifacts are the variant file with the manifest naming it
-(SHA-256 checked before any runtime opens the file), and `code/pipeline` (the serving code it runs). Inside:
+(SHA-256 checked before any runtime opens the file), `variant.json` naming the variant, and `code/pipeline` (the serving code it runs). Inside:
 `serve.model.load_served_model` and `serve.protocol.decode_images`, the same function objects as the server,
 so the registry's model, `mlflow models serve`, MLServer's MLflow runtime and our server agree file for file.
 
@@ -14,6 +14,7 @@ metadata, so a tensor client can reproduce it. `tracking.log_variant_model` logs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,12 @@ class ServedVariant(PythonModel):
         from pipeline.config import ServeConfig
         from pipeline.serve.model import load_served_model
 
-        variant = (context.model_config or {})["variant"]
+        # The variant is named by a small JSON artifact (models logged before it: by model_config, which MLflow
+        # also logs as run params, where the second variant of a run collides with the first).
+        if "variant" in context.artifacts:
+            variant = json.loads(Path(context.artifacts["variant"]).read_text())["variant"]
+        else:
+            variant = (context.model_config or {})["variant"]
         self.model = load_served_model(Path(context.artifacts["models"]), ServeConfig(variant=variant))
 
     # Untyped on purpose: MLflow would derive (and enforce) a schema from type hints; the signature is logged.

@@ -266,16 +266,46 @@ def log_variant_model(models_dir: Path, variant: Any, example: bytes, metadata: 
         (folder / variant.file).parent.mkdir(parents=True)
         shutil.copy2(models_dir / variant.file, folder / variant.file)
         shutil.copy2(models_dir / "manifest.json", folder / "manifest.json")
+        named = Path(tmp) / "variant.json"
+        named.write_text(json.dumps({"variant": variant.name}))
         example_input = pd.DataFrame({"image": [example]})
         example_output = pd.DataFrame({"class_id": [0], "class_name": ["0"], "probability": [1.0]})
-        return mlflow.pyfunc.log_model(
-            name=variant.name,
-            python_model=str(MODEL_DEFINITION),
-            model_config={"variant": variant.name},
-            artifacts={"models": str(folder)},
-            code_paths=[str(MODEL_DEFINITION.parent)],
-            signature=infer_signature(example_input, example_output),
-            input_example=example_input,
-            pip_requirements=requirements,
-            metadata={"variant": variant.name, "sha256": variant.sha256, **metadata},
-        )
+        with quiet_mlflow_logging():
+            return mlflow.pyfunc.log_model(
+                name=variant.name,
+                python_model=str(MODEL_DEFINITION),
+                artifacts={"models": str(folder), "variant": str(named)},
+                code_paths=[str(MODEL_DEFINITION.parent)],
+                signature=infer_signature(example_input, example_output),
+                input_example=example_input,
+                pip_requirements=requirements,
+                metadata={"variant": variant.name, "sha256": variant.sha256, **metadata},
+            )
+
+
+@contextmanager
+def quiet_mlflow_logging() -> Iterator[None]:
+    """MLflow's advice that does not apply to a logged variant, kept out of the stage's output (about ten lines
+    per variant): the integer `class_id` column hint, the untyped `predict` (on purpose: the signature is
+    logged), pip's version in a uv project, the input-example check and the artifact download bars. Errors
+    still show."""
+    import logging
+    import warnings
+
+    loggers = [logging.getLogger(n) for n in ("mlflow.utils.environment", "mlflow.utils.uv_utils", "mlflow.pyfunc")]
+    levels = [lg.level for lg in loggers]
+    bars = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+        if bars is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bars

@@ -332,6 +332,9 @@ def test_registered_versions_are_mlflow_models_that_classify_image_files(
         assert version.source.startswith("models:/m-"), version.source  # an MLflow 3 logged model
         logged = client.get_logged_model(version.source.removeprefix("models:/"))
         assert logged.source_run_id == version.run_id and logged.name == variant
+        # The variant travels as an artifact, not as model_config (MLflow logs that as run params, where the
+        # run's second variant collided with the first: "Failed to log model config as params").
+        assert "variant" not in client.get_run(version.run_id).data.params
         assert "accuracy" in {m.key for m in logged.metrics or []}
         loaded = mlflow.pyfunc.load_model(f"models:/gtsrb-classifier/{version.version}")
         assert loaded.metadata.metadata["preprocess"]["resize"] == 16
