@@ -3,8 +3,8 @@ classifies encoded image files (PNG, JPEG, PPM, ... whole, as users send them) e
 
 The model is logged *from code* (MLflow's models-from-code): this file is the model's definition, and loading
 imports it instead of unpickling an object. Its artifacts are the variant file with the manifest naming it
-(SHA-256 checked before any runtime opens the file), `variant.json` naming the variant, and `code/pipeline` (the serving code it runs). Inside:
-`serve.model.load_served_model` and `serve.protocol.decode_images`, the same function objects as the server,
+(SHA-256 checked before any runtime opens the file), `variant.json` naming the variant, and `code/pipeline` (the
+serving code it runs). Inside: `serve.model.load_served_model` and `serve.protocol.decode_images`, the same function objects as the server,
 so the registry's model, `mlflow models serve`, MLServer's MLflow runtime and our server agree file for file.
 
 Input: a DataFrame with a binary column `image` (or a list of bytes). Output: `class_id`, `class_name` and

@@ -291,21 +291,16 @@ def quiet_mlflow_logging() -> Iterator[None]:
     still show."""
     import logging
     import warnings
+    from unittest import mock
 
     loggers = [logging.getLogger(n) for n in ("mlflow.utils.environment", "mlflow.utils.uv_utils", "mlflow.pyfunc")]
     levels = [lg.level for lg in loggers]
-    bars = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
+    with warnings.catch_warnings(), mock.patch.dict(os.environ, {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
+        try:
+            for lg in loggers:
+                lg.setLevel(logging.ERROR)
             yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-        if bars is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bars
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
