@@ -61,6 +61,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     tiny_pipeline_params(work)
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["tracking"]["enabled"] = True
+    params["train"]["train_on_val"] = False  # a sweep chooses a recipe: validation held out, val_accuracy reported
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(env, MLFLOW_TRACKING_URI=stack.tracking_uri, **GIT_IDENTITY)  # no S3 keys: artifacts are proxied

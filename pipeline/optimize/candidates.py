@@ -7,8 +7,11 @@ the fp32 model's (and, for ONNX exports, its parity with torch passes).
 The gate's images are what users send: the test split's original files, whole, as the server decodes them, plus
 the validation split when prepare framed it as served (`data.framing: served`). 645 test files alone make each
 file 0.16 points, and two seeds of one recipe differ by 6 of them (2 vs 8 errors) while differing by 2 of the
-3,990 validation images: a 0.5-point gate on the test files alone judges luck. Validation is never trained on
-(train keeps its last epoch, it does not pick one by validation), so it is a fair held-out set for the gate.
+3,990 validation images: a 0.5-point gate on the test files alone judges luck. The gate measures what a variant
+loses against the trained model, not how well the model generalises. With `train.train_on_val` (the default) the
+trained model has seen the validation images; the variants that are the same weights (ONNX, int8) have seen them
+exactly as much, and the ones that are retrained (the pruned fine-tune, the distilled student: the training split
+only) have not, so the gate is strict with those, never lenient.
 """
 
 from __future__ import annotations

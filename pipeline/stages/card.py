@@ -117,7 +117,7 @@ def build(
             classes=prepared.classes,
             split_counts={name: split.count for name, split in prepared.splits.items()},
             train_per_class=train_counts,
-            validation=_validation(prepared),
+            validation=_validation(prepared, params.train.train_on_val),
             content_sha256=prepared.content_sha256,
             unreadable_files=prepared.bad_images.count,
             framing=prepared.framing,
@@ -139,14 +139,21 @@ def build(
     )
 
 
-def _validation(prepared: PreparedManifest) -> str:
+def _validation(prepared: PreparedManifest, trained_on: bool) -> str:
     val = prepared.splits.get("val")
     if val is None:
         return "none"
     if val.tracks:
         what = "tracks (physical signs" if prepared.dataset == "GTSRB" else "groups (objects"
-        return f"{val.tracks} {what}, {val.count:,} images) held out whole: none is in both training and validation"
-    return f"{val.count:,} images held out by file, stratified by class"
+        split = f"{val.tracks} {what}, {val.count:,} images) split off whole: none is in both training and validation"
+    else:
+        split = f"{val.count:,} images split off by file, stratified by class"
+    if trained_on:  # train.train_on_val
+        return (
+            f"{split}; recipes are chosen with it held out, and this model then trained on it too "
+            "(`train.train_on_val`), so its only held-out figures are the test split's"
+        )
+    return f"{split}; held out from this model's training"
 
 
 def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any]) -> model_card.ShippedFacts:

@@ -35,7 +35,7 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
 from pipeline.config import Params
-from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split
+from pipeline.data.loader import AugmentConfig, Split, TrainLoader, eval_batches, load_split
 from pipeline.errors import StageError
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
@@ -137,6 +137,8 @@ def worker(
     manifest = read_manifest(PREPARED_DIR)
     train_split = load_split("train")
     val_split = load_split("val")
+    if t.train_on_val:  # the shipped model learns from every labelled image; nothing is held out
+        train_split, val_split = train_split.joined(val_split), Split(val_split.images[:0], val_split.labels[:0])
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
     torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
@@ -199,7 +201,7 @@ def worker(
         }
 
     for entry in trainer["history"] if d.main else []:  # a resumed run's MLflow run gets the whole curve
-        log({k: v for k, v in entry.items() if k != "epoch"}, int(entry["epoch"]))
+        log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, int(entry["epoch"]))
 
     model.train()
     while loader.epoch < t.epochs:
@@ -236,7 +238,11 @@ def worker(
         )
         if world > 1:
             dist.all_reduce(loss_tensor)
-        val_acc = accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
+        val_acc = (
+            accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
+            if len(val_split)
+            else None
+        )
         entry = {
             "epoch": epoch + 1,
             "train_loss": float(loss_tensor[0] / max(1.0, float(loss_tensor[1]))),
@@ -249,10 +255,10 @@ def worker(
             trainer["history"].append(entry)
         if d.main:
             console.log(
-                f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {val_acc:.4f}, "
+                f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {_figure(val_acc)}, "
                 f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
             )
-            log({k: v for k, v in entry.items() if k != "epoch"}, epoch + 1)
+            log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, epoch + 1)
 
     if last_saved != step:
         distributed.buffers_from_rank0(model, t.strategy, d)
@@ -265,7 +271,9 @@ def worker(
         )
         history = trainer["history"]
         summary = {
-            "val_accuracy": history[-1]["val_accuracy"] if history else float("nan"),
+            "val_accuracy": history[-1]["val_accuracy"] if history else None,  # None: validation was trained on
+            "validation": "trained on" if t.train_on_val else "held out",
+            "train_images": len(train_split),
             "train_loss": history[-1]["train_loss"] if history else float("nan"),
             "epochs": t.epochs,
             "steps": step,
@@ -417,14 +425,17 @@ def _finish(mlrun: Any, summary: dict[str, Any], wall: float) -> None:
     """Reports, final metrics and artifacts of the stage's MLflow run, and the closing log line."""
     summary["wall_seconds"] = time.perf_counter() - wall
     write_reports(summary)
-    mlrun.log_metrics({"final_val_accuracy": summary["val_accuracy"], "train_seconds": summary["train_seconds"]})
-    mlrun.log_headline({"val_accuracy": summary["val_accuracy"]}, here=False)  # this run has it per epoch
+    mlrun.log_metrics({"train_seconds": summary["train_seconds"]})
+    if summary["val_accuracy"] is not None:
+        mlrun.log_metrics({"final_val_accuracy": summary["val_accuracy"]})
+        mlrun.log_headline({"val_accuracy": summary["val_accuracy"]}, here=False)  # this run has it per epoch
     for path in (TRAIN_REPORTS / "metrics.json", TRAIN_REPORTS / "history.csv", TRAIN_REPORTS / "curves.png"):
         mlrun.log_artifact(path, "reports")
     mlrun.log_artifact(model_file.MODEL_PATH, "model")
     console.log(
         f"trained {summary['epochs']} epochs ({summary['steps']} steps) in {summary['train_seconds']:.0f} s "
-        f"on {summary['world_size']} process(es): val accuracy {summary['val_accuracy']:.4f}; "
+        f"on {summary['world_size']} process(es), {summary['train_images']} images: "
+        f"val accuracy {_figure(summary['val_accuracy'])}; "
         f"model in {model_file.MODEL_PATH}"
     )
 
@@ -456,6 +467,10 @@ def _run_torchrun(params: Params, rank: int, world: int) -> None:
 # -------------------------------------------------------------------------------------------- reports
 
 
+def _figure(accuracy: float | None) -> str:
+    return "- (validation trained on: train.train_on_val)" if accuracy is None else f"{accuracy:.4f}"
+
+
 def write_reports(summary: Mapping[str, Any]) -> None:
     """reports/train/metrics.json (DVC metrics), history.csv (DVC plots) and curves.png, from one source."""
     TRAIN_REPORTS.mkdir(parents=True, exist_ok=True)
@@ -478,8 +493,11 @@ def write_reports(summary: Mapping[str, Any]) -> None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
         ax1.plot(epochs, [e["train_loss"] for e in history], marker="o")
         ax1.set(xlabel="epoch", ylabel="train loss", title="Training loss")
-        ax2.plot(epochs, [e["val_accuracy"] for e in history], marker="o", color="tab:green")
-        ax2.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
+        held_out = [e for e in history if e["val_accuracy"] is not None]
+        ax2.plot([e["epoch"] for e in held_out], [e["val_accuracy"] for e in held_out], marker="o", color="tab:green")
+        ax2.set(
+            xlabel="epoch", ylabel="accuracy", title="Validation accuracy" if held_out else "Validation: trained on"
+        )
         fig.tight_layout()
         fig.savefig(TRAIN_REPORTS / "curves.png", dpi=100)
         plt.close(fig)

@@ -37,6 +37,10 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
     report = _json(p / "reports/benchmark/report.json")
     prepared = _json(p / "data/prepared/manifest.json")
 
+    # The tiny project trains with the default train.train_on_val: the card must not call validation held out.
+    assert "this model then trained on it too" in facts["data"]["validation"]
+    assert "held out from this model" not in text and "this model then trained on it too" in text
+
     e = facts["evaluation"]
     for key in ("accuracy", "roi_accuracy", "macro_f1", "errors", "images", "measured_on"):
         assert e[key] == evaluation[key], key

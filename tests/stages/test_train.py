@@ -20,6 +20,7 @@ from pipeline.cli import app
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
 from pipeline.stages import train
+from pipeline.training import checkpoint as ckpt
 from tests.helpers import REPO
 from tests.helpers.params import train_params, write_params_yaml
 from tests.helpers.prepared import write_prepared
@@ -62,7 +63,7 @@ def run_killed(params: Params, after_step: int, cwd: Path) -> None:
 
 
 def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
-    params = train_params()
+    params = train_params(train_on_val=False)  # validation held out: how recipes are chosen
     raw = params.model_dump(mode="json")
     raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
     write_params_yaml(project / "params.yaml", parse_params(raw))
@@ -105,6 +106,36 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
     (evaluated,) = [r for r in runs if r.data.tags.get("stage") == "evaluate"]
     assert evaluated.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert "test_accuracy" in client.get_run(parent.info.run_id).data.metrics
+
+
+def test_the_shipped_model_trains_on_validation_too(project: Path) -> None:
+    """train.train_on_val (the default): every labelled image is a training image, and no figure pretends
+    that validation was held out."""
+    counts = {s: len(train.load_split(s)) for s in ("train", "val")}
+    params = train_params(checkpoint_every=0)
+    assert params.train.train_on_val
+    raw = params.model_dump(mode="json")
+    raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
+    write_params_yaml(project / "params.yaml", parse_params(raw))
+    result = CliRunner().invoke(app, ["train", "-p", "params.yaml"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    images = counts["train"] + counts["val"]
+    assert metrics["train_images"] == images and metrics["validation"] == "trained on"
+    assert metrics["steps"] == 2 * (images // params.train.batch_size) and metrics["val_accuracy"] is None
+    history = (project / "reports/train/history.csv").read_text().splitlines()
+    assert [row.split(",")[2] for row in history[1:]] == ["", ""]  # no validation column to misread
+    saved = ckpt.latest(checkpoints(params))  # the loader drew its batches from train + val
+    assert saved is not None and saved.state["loader"]["num_samples"] == images
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    (run,) = [r for r in runs if r.data.tags.get("stage") == "train"]
+    assert "val_accuracy" not in run.data.metrics and "final_val_accuracy" not in run.data.metrics
+    assert run.data.metrics["train_seconds"] > 0
+    assert "validation trained on" in result.output
 
 
 def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(project: Path, tmp_path: Path) -> None:
