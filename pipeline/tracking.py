@@ -293,10 +293,21 @@ def quiet_mlflow_logging() -> Iterator[None]:
     import warnings
     from unittest import mock
 
+    import mlflow
+
     loggers = [logging.getLogger(n) for n in ("mlflow.utils.environment", "mlflow.utils.uv_utils", "mlflow.pyfunc")]
     levels = [lg.level for lg in loggers]
+    package = str(Path(mlflow.__file__).parent)
     with warnings.catch_warnings(), mock.patch.dict(os.environ, {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
+        # Not a warnings filter: MLflow's own `filter_user_warnings_once` puts "once" in front of any filter
+        # while it logs, so its UserWarnings are dropped where they are shown (catch_warnings restores this).
+        show = warnings.showwarning
+
+        def show_unless_mlflows(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+            if not (issubclass(category, UserWarning) and filename.startswith(package)):
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show_unless_mlflows
         try:
             for lg in loggers:
                 lg.setLevel(logging.ERROR)
