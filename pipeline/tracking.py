@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pipeline.config import Params, TrackingConfig
 
@@ -303,7 +303,14 @@ def quiet_mlflow_logging() -> Iterator[None]:
         # while it logs, so its UserWarnings are dropped where they are shown (catch_warnings restores this).
         show = warnings.showwarning
 
-        def show_unless_mlflows(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        def show_unless_mlflows(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
             if not (issubclass(category, UserWarning) and filename.startswith(package)):
                 show(message, category, filename, lineno, file, line)
 
