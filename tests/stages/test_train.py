@@ -63,7 +63,7 @@ def run_killed(params: Params, after_step: int, cwd: Path) -> None:
 
 
 def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
-    params = train_params(train_on_val=False)  # validation held out: how recipes are chosen
+    params = train_params()  # validation held out: how recipes are chosen
     raw = params.model_dump(mode="json")
     raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
     write_params_yaml(project / "params.yaml", parse_params(raw))
@@ -112,8 +112,8 @@ def test_the_shipped_model_trains_on_validation_too(project: Path) -> None:
     """train.train_on_val (the default): every labelled image is a training image, and no figure pretends
     that validation was held out."""
     counts = {s: len(train.load_split(s)) for s in ("train", "val")}
-    params = train_params(checkpoint_every=0)
-    assert params.train.train_on_val
+    assert parse_params({}).train.train_on_val  # the default
+    params = train_params(checkpoint_every=0, train_on_val=True)
     raw = params.model_dump(mode="json")
     raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
     write_params_yaml(project / "params.yaml", parse_params(raw))
