@@ -145,7 +145,7 @@ def _validation(prepared: PreparedManifest, trained_on: bool) -> str:
         return "none"
     if val.tracks:
         what = "tracks (physical signs" if prepared.dataset == "GTSRB" else "groups (objects"
-        split = f"{val.tracks} {what}, {val.count:,} images) split off whole: none is in both training and validation"
+        split = f"{val.tracks} {what}, {val.count:,} images) split off whole: no track is in both splits"
     else:
         split = f"{val.count:,} images split off by file, stratified by class"
     if trained_on:  # train.train_on_val
