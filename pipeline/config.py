@@ -296,8 +296,8 @@ class OptimizeConfig(Section):
     the student that passes the gate (width 28 of the width-32 pair: 38 % of the multiply-adds) serves 2x
     faster but about 0.4 points less accurately, and costs 7 minutes of optimize (README, "the speed profile")."""
     student_epochs: int = Field(12, ge=1, le=1000)
-    """Epochs the student trains on the training split (the `augment` and `regularize` sections, train.amp;
-    never on validation, whatever `train.train_on_val` says: the gate counts validation)."""
+    """Epochs the student trains, on the images the train stage learnt from (with `train.train_on_val` the
+    validation split too) with the `augment` and `regularize` sections and train.amp."""
     student_lr: float = Field(0.003, gt=0.0, le=10.0)
     """Peak AdamW learning rate of the student (warm-up 20 %, cosine decay to zero, as train)."""
     student_distill: float = Field(0.7, ge=0.0, le=1.0)

@@ -59,6 +59,14 @@ def load_split(split: str, prepared: Path = PREPARED_DIR) -> Split:
     return Split.of(read_split(split, prepared))
 
 
+def training_images(train_on_val: bool, prepared: Path = PREPARED_DIR) -> Split:
+    """What every model that ships learns from: the training split, followed by the validation split's images
+    when `train.train_on_val` (the train stage, and optimize's fine-tune and student, so that the gate compares
+    models that saw the same images)."""
+    split = load_split("train", prepared)
+    return split.joined(load_split("val", prepared)) if train_on_val else split
+
+
 def _mix(*values: int) -> int:
     """A 63-bit seed from several integers (stable across runs and processes, unlike hash())."""
     h = 0x9E3779B97F4A7C15

@@ -9,9 +9,10 @@ the validation split when prepare framed it as served (`data.framing: served`). 
 file 0.16 points, and two seeds of one recipe differ by 6 of them (2 vs 8 errors) while differing by 2 of the
 3,990 validation images: a 0.5-point gate on the test files alone judges luck. The gate measures what a variant
 loses against the trained model, not how well the model generalises. With `train.train_on_val` (the default) the
-trained model has seen the validation images; the variants that are the same weights (ONNX, int8) have seen them
-exactly as much, and the ones that are retrained (the pruned fine-tune, the distilled student: the training split
-only) have not, so the gate is strict with those, never lenient.
+trained model has seen the validation images, and so has every variant: the same weights (ONNX, int8), or
+retrained on the same images (the pruned fine-tune, the distilled student; a student that had not seen them
+would be judged against a teacher that had, about a point down on them for that reason alone). The test files
+stay unseen by all.
 """
 
 from __future__ import annotations

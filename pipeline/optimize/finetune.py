@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeline import console
 from pipeline.config import Params
-from pipeline.data.loader import AugmentConfig, TrainLoader, load_split
+from pipeline.data.loader import AugmentConfig, TrainLoader, training_images
 from pipeline.training.distributed import amp_dtype
 from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr
 
@@ -28,13 +28,14 @@ def train_from_teacher(
     label: str = "fine-tune",
     log: Callable[[dict[str, float], int], None] | None = None,
 ) -> nn.Module:
-    """`epochs` of AdamW at peak `lr` (warm-up, then cosine to zero) on the training split; with a teacher and
+    """`epochs` of AdamW at peak `lr` (warm-up, then cosine to zero) on the images the train stage learnt from
+    (the training split, plus validation with `train.train_on_val`); with a teacher and
     `distill` > 0 the loss also pulls the outputs towards the teacher's (temperature 2). bf16 autocast follows
     `train.amp` (on CPUs with AMX and CUDA by default)."""
     cfg = params.optimize
     if epochs == 0:
         return model
-    split = load_split("train")
+    split = training_images(params.train.train_on_val)
     batch = min(cfg.finetune_batch_size, len(split))
     loader = TrainLoader(split, batch, cfg.seed, augment=AugmentConfig.of(params.augment))
     optim = make_optimizer(model, "adamw", lr, params.regularize.weight_decay)

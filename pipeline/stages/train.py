@@ -35,7 +35,7 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
 from pipeline.config import Params
-from pipeline.data.loader import AugmentConfig, Split, TrainLoader, eval_batches, load_split
+from pipeline.data.loader import AugmentConfig, Split, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
@@ -135,10 +135,10 @@ def worker(
     amp = distributed.amp_dtype(t.amp, d.device)
 
     manifest = read_manifest(PREPARED_DIR)
-    train_split = load_split("train")
+    train_split = training_images(t.train_on_val)
     val_split = load_split("val")
     if t.train_on_val:  # the shipped model learns from every labelled image; nothing is held out
-        train_split, val_split = train_split.joined(val_split), Split(val_split.images[:0], val_split.labels[:0])
+        val_split = Split(val_split.images[:0], val_split.labels[:0])
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
     torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks

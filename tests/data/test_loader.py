@@ -16,6 +16,7 @@ from pipeline.data.loader import (
     draw_params,
     eval_batches,
     load_split,
+    training_images,
 )
 from pipeline.errors import StageError
 
@@ -128,3 +129,18 @@ def test_eval_batches_cover_the_split_once_with_equal_batches_per_rank() -> None
 def test_missing_prepared_data_is_a_stage_error(tmp_path: Path) -> None:
     with pytest.raises(StageError, match="run `pipeline prepare` first"):
         load_split("train", tmp_path)
+
+
+def test_training_images_are_the_training_split_then_validation_when_asked(tmp_path: Path) -> None:
+    """One definition of what a shipped model learns from (train stage, optimize's fine-tune and student)."""
+    from tests.helpers.prepared import write_prepared
+
+    prepared = write_prepared(tmp_path)
+    train, val = load_split("train", prepared), load_split("val", prepared)
+    held_out = training_images(False, prepared)
+    assert torch.equal(held_out.images, train.images) and torch.equal(held_out.labels, train.labels)
+    both = training_images(True, prepared)
+    assert len(both) == len(train) + len(val) == 256 + 86
+    assert torch.equal(both.images[: len(train)], train.images) and torch.equal(both.images[len(train) :], val.images)
+    assert torch.equal(both.labels, torch.cat([train.labels, val.labels]))
+    assert both.images.is_contiguous(memory_format=torch.channels_last)  # the layout the loader hands on
