@@ -35,7 +35,7 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
 from pipeline.config import Params
-from pipeline.data.loader import AugmentConfig, Split, TrainLoader, eval_batches, load_split, training_images
+from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
@@ -136,9 +136,8 @@ def worker(
 
     manifest = read_manifest(PREPARED_DIR)
     train_split = training_images(t.train_on_val)
-    val_split = load_split("val")
-    if t.train_on_val:  # the shipped model learns from every labelled image; nothing is held out
-        val_split = Split(val_split.images[:0], val_split.labels[:0])
+    # With train_on_val the shipped model learns from every labelled image: nothing is held out to score.
+    val_split = None if t.train_on_val else load_split("val")
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
     torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
@@ -239,9 +238,9 @@ def worker(
         if world > 1:
             dist.all_reduce(loss_tensor)
         val_acc = (
-            accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
-            if len(val_split)
-            else None
+            None
+            if val_split is None
+            else accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
         )
         entry = {
             "epoch": epoch + 1,
