@@ -13,8 +13,8 @@ measurement and stopped at the end; the measurements interleave: for each round 
   (c) reference  pipeline/bench/reference_server.py: the design issue #6 names (Arm's learning path): FastAPI,
                  one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
                  PyTorch forward of our fp32 model (models/model.pt) per request
-Every request is a multipart upload of one real test image (PNG; the script cycles through 64 of
-them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
+Every request is a multipart upload of one original test file, whole, as PNG (what deploy's smoke test sends;
+the script cycles through 64 of them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
 at most one core; `--client httpx` uses a Python asyncio client instead (it competes with the server
 for the CPU). Before the load, 100 test images are classified one by one through each setup, to show
 that all three answer and agree with the labels. Traffic stays on 127.0.0.1; every loop is bounded.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import io
 import json
 import os
 import platform
@@ -65,14 +64,16 @@ class Setup:
 
 
 def png_images(prepared: Path, count: int) -> list[tuple[bytes, int]]:
+    """What users send: the test split's original files, whole, re-encoded as PNG (as deploy's smoke test sends
+    them), the first `count`; the prepared crops only when prepare kept no files (an older prepare)."""
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.client import encode
+
+    originals = read_test_files(prepared)[:count]
+    if originals:
+        return [(encode(Image.open(f.path)), f.label) for f in originals]
     test = read_split("test", prepared)
-    images, labels = test.images[:count], test.labels[:count]
-    out = []
-    for image, label in zip(images, labels, strict=True):
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        out.append((buffer.getvalue(), int(label)))
-    return out
+    return [(encode(image), int(label)) for image, label in zip(test.images[:count], test.labels[:count], strict=True)]
 
 
 def setups(args: argparse.Namespace, work: Path) -> list[Setup]:

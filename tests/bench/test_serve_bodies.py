@@ -36,3 +36,24 @@ def test_wrk_script_names_one_body_file_per_image(tmp_path: Path) -> None:
     bodies = sorted(tmp_path.glob("x-body-*.bin"))
     assert len(bodies) == 3 and all(str(b) in script for b in bodies)
     assert '["Content-Type"] = "application/json"' in script
+
+
+def test_the_load_is_the_original_test_files_whole_as_png(tiny_project: Path) -> None:
+    """The load test sends what users send: each original test file, whole (its own size, not the prepared
+    crop's), losslessly as PNG, with its label."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.bench.serve import png_images
+
+    prepared = tiny_project / "data" / "prepared"
+    originals = read_test_files(prepared)
+    sent = png_images(prepared, 5)
+    assert len(sent) == 5
+    for (data, label), original in zip(sent, originals, strict=False):
+        assert data.startswith(b"\x89PNG") and label == original.label
+        decoded = np.asarray(Image.open(io.BytesIO(data)))
+        assert np.array_equal(decoded, np.asarray(Image.open(original.path).convert("RGB")))

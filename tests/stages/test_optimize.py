@@ -506,11 +506,12 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
         assert variant.served_accuracy == float((runtime.predict(images).argmax(1) == labels).mean())
 
 
-def test_the_gate_judges_the_served_test_files_and_validation_together(tiny_project: Path) -> None:
-    """The 0.5-point gate is measured on the served test files plus the validation split (prepared as served):
-    every variant's drop is fp32's figure on those images minus its own, recomputed here through the runtimes."""
+def test_the_gate_judges_only_images_no_variant_learnt_from(tiny_project: Path) -> None:
+    """The tiny project trains on validation too (train.train_on_val, the default), so the 0.5-point gate is
+    measured on the served test files alone: every variant's drop is fp32's figure on those files minus its own,
+    recomputed here through the runtimes, and no validation figure enters it."""
     from pipeline.artifacts.prepared import read_manifest as read_prepared
-    from pipeline.artifacts.prepared import read_split, read_test_files
+    from pipeline.artifacts.prepared import read_test_files
     from pipeline.preprocess import MAX_PIXELS
     from pipeline.runtimes import open_runtime, read_manifest
     from pipeline.serve.protocol import decode_images
@@ -521,17 +522,37 @@ def test_the_gate_judges_the_served_test_files_and_validation_together(tiny_proj
     originals = read_test_files(prepared)
     images = decode_images([(f.read_bytes(), None) for f in originals], manifest.preprocess.framing(), MAX_PIXELS)
     labels = np.asarray([f.label for f in originals])
-    val = read_split("val", prepared)
-    assert len(val) > 0
     fp32 = next(v for v in manifest.variants if v.name == "fp32")
     assert manifest.baseline_accuracy == fp32.details["gate_accuracy"]
     for variant in manifest.accepted():
         runtime = open_runtime(tiny_project / "models", variant.name)
         correct = int((runtime.predict(images).argmax(1) == labels).sum())
-        correct += int((runtime.predict(val.model_input()).argmax(1) == val.labels).sum())
-        assert variant.details["gate_images"] == len(labels) + len(val), variant.name
-        assert variant.details["gate_accuracy"] == pytest.approx(correct / (len(labels) + len(val))), variant.name
-        assert variant.accuracy_drop == pytest.approx(manifest.baseline_accuracy - correct / (len(labels) + len(val)))
+        assert variant.details["gate_images"] == len(labels), variant.name
+        assert "val_accuracy" not in variant.details, variant.name
+        assert variant.details["gate_accuracy"] == pytest.approx(correct / len(labels)), variant.name
+        assert variant.accuracy_drop == pytest.approx(manifest.baseline_accuracy - correct / len(labels))
+    assert "validation was trained on" in (tiny_project / "reports" / "optimize" / "variants.md").read_text()
+
+
+def test_validation_joins_the_gate_only_when_the_model_held_it_out(tiny_project: Path) -> None:
+    """held_out_validation: the prepared validation split (as served) when train.train_on_val is false, nothing
+    when the model trained on it or when prepare framed it by the ROI box instead of as served."""
+    import contextlib
+
+    from pipeline.artifacts.prepared import read_manifest as read_prepared
+    from pipeline.artifacts.prepared import read_split
+    from pipeline.optimize.candidates import held_out_validation
+
+    prepared = read_prepared(tiny_project / "data" / "prepared")
+    with contextlib.chdir(tiny_project):
+        val = read_split("val", tiny_project / "data" / "prepared")
+        held_out = held_out_validation(parse_params({"train": {"train_on_val": False}}), prepared)
+        assert held_out is not None
+        assert np.array_equal(held_out.labels, val.labels)
+        assert np.array_equal(held_out.images, val.model_input())
+        assert held_out_validation(parse_params({"train": {"train_on_val": True}}), prepared) is None
+        roi = prepared.model_copy(update={"framing": "roi"})
+        assert held_out_validation(parse_params({"train": {"train_on_val": False}}), roi) is None
 
 
 def test_a_distilled_student_learns_the_teachers_outputs(workdir: Path) -> None:
