@@ -283,11 +283,14 @@ class Optimizer:
             console.log("bf16: skipped (this CPU has no native bf16; set optimize.bf16 to `on` to force it)")
 
         if cfg.prune_amount > 0:
-            pruned = model_file.read(self.staging / "fp32.pt")[0]
-            report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm)
+            pruned = prune.keep_members(model_file.read(self.staging / "fp32.pt")[0], cfg.prune_members)
+            members = len(pruned.members) if isinstance(pruned, nets.Committee) else 1
+            like = {**payload, "arch": {**payload["arch"], "members": members}}
+            report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
             console.log(
-                f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}): channels "
-                f"{report.channels_before} -> {report.channels_after}; fine-tuning {cfg.finetune_epochs} epoch(s)"
+                f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}) of {like['arch']['members']} "
+                f"member(s): channels {report.channels_before} -> {report.channels_after}; "
+                f"fine-tuning {cfg.finetune_epochs} epoch(s)"
             )
             pruned = finetune(pruned, self.params, log, teacher=model_file.read(self.staging / "fp32.pt")[0].eval())
             extra = {
@@ -295,10 +298,12 @@ class Optimizer:
                 "channels_after": str(report.channels_after),
                 "prune_amount": cfg.prune_amount,
                 "prune_norm": cfg.prune_norm,
+                "prune_multiple": cfg.prune_multiple,
+                "prune_members": int(like["arch"]["members"]),
                 "finetune_epochs": cfg.finetune_epochs,
                 "finetune_distill": cfg.finetune_distill,
             }
-            self.torch_family("pruned", pruned, payload, extra)
+            self.torch_family("pruned", pruned, like, extra)
 
         if cfg.student_width > 0:
             self.student(model, payload, log)

@@ -84,8 +84,33 @@ def _bn_after(layers: list[nn.Module], i: int) -> nn.BatchNorm2d | None:
     return following if isinstance(following, nn.BatchNorm2d) else None
 
 
-def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1") -> PruneReport:
-    """Remove round(amount x out_channels) filters from every convolution, in place (keeps >= 1)."""
+def keep_members(model: nn.Module, members: int) -> nn.Module:
+    """The first `members` networks of a committee: one network, or a smaller committee; `model` itself when it
+    is not a committee or `members` is 0 or not fewer than it has. Fewer, larger layers run faster per
+    multiply-add than a committee of small ones (int8 ONNX Runtime here), and the fine-tune distils the whole
+    committee into what is kept."""
+    from pipeline.nets import Committee
+
+    if not isinstance(model, Committee) or not 0 < members < len(model.members):
+        return model
+    kept = list(model.members)[:members]
+    return kept[0] if members == 1 else Committee(kept)
+
+
+def kept_channels(channels: int, amount: float, multiple: int = 1) -> int:
+    """How many of a convolution's `channels` filters survive: round(amount x channels) removed, then rounded down
+    to a multiple of `multiple` (int8 and bf16 kernels work in blocks of 8 or 16 channels: 20 channels cost
+    about what 32 do), never below `multiple` (or all of them, when fewer) nor 1."""
+    keep = max(1, channels - round(amount * channels))
+    if multiple > 1:
+        keep = min(channels, max(multiple, keep // multiple * multiple))
+    return keep
+
+
+def prune_filters(
+    model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1", multiple: int = 1
+) -> PruneReport:
+    """Remove about `amount` of every convolution's filters (`kept_channels`), in place."""
     if not 0.0 <= amount < 1.0:
         raise ValueError(f"prune amount must be in [0, 1), got {amount}")
     layers = _chain(model)
@@ -93,7 +118,7 @@ def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "
     # Rank every convolution's filters on the original weights first (one-shot pruning), then cut.
     keeps = {}
     for i, conv in convs:
-        n_keep = max(1, conv.out_channels - round(amount * conv.out_channels))
+        n_keep = kept_channels(conv.out_channels, amount, multiple)
         keeps[i] = torch.sort(torch.topk(filter_norms(conv, norm, _bn_after(layers, i)), n_keep).indices).values
     before, after = [], []
     for i, conv in convs:

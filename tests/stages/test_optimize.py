@@ -158,6 +158,7 @@ def _params(tmp: Path | None = None, tracking: bool = False, **optimize: object)
         "train": {"batch_size": 32},
         "optimize": {
             "prune_amount": 0.25,
+            "prune_multiple": 1,  # tiny networks: 4-8 channels
             "finetune_epochs": 1,
             "finetune_batch_size": 32,
             "calibration_images": 64,
@@ -232,7 +233,7 @@ def optimized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.chdir(root)
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
-        run(_params(tracking=True, prune_amount=0.9, finetune_epochs=0))
+        run(_params(tracking=True, prune_amount=0.9, finetune_epochs=0, prune_members=1))
     finally:
         os.chdir(old)
         if saved is not None:
@@ -278,6 +279,9 @@ def test_pruning_shrinks_graph_and_file(optimized: Path) -> None:
     manifest = json.loads((optimized / "models" / "manifest.json").read_text())
     by_name = {v["name"]: v for v in manifest["variants"]}
     assert by_name["pruned"]["parameters"] < 0.1 * by_name["fp32"]["parameters"]
+    # prune_members 1: the committee's first network alone, pruned
+    assert by_name["pruned"]["details"]["prune_members"] == 1
+    assert by_name["pruned"]["details"]["macs"] < 0.5 * by_name["fp32"]["details"]["macs"]
     assert by_name["pruned-onnx"]["size_bytes"] < by_name["fp32-onnx"]["size_bytes"]
 
 
@@ -465,6 +469,38 @@ def test_pruning_a_committee_prunes_every_member(tmp_path: Path) -> None:
     reloaded, _ = model_file.read(tmp_path / "pruned.pt")
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), out)
+
+
+def test_kept_channels_round_down_to_the_kernels_block() -> None:
+    """prune_multiple: 37.5 % of 32 filters leaves 20, rounded down to 16; 40 and 80 stay; never below the
+    multiple, never more than the layer has, never none."""
+    assert [prune.kept_channels(c, 0.375, 8) for c in (32, 64, 128)] == [16, 40, 80]
+    assert [prune.kept_channels(c, 0.375, 1) for c in (32, 64, 128)] == [20, 40, 80]
+    assert prune.kept_channels(32, 0.9, 8) == 8 and prune.kept_channels(4, 0.5, 8) == 4
+    assert prune.kept_channels(3, 0.9, 1) == 1
+
+
+def test_keep_members_takes_the_first_networks_of_a_committee(tmp_path: Path) -> None:
+    """prune_members 1: the committee's first network alone (its own outputs), saved and reloaded as one network
+    (arch members 1); 0, or as many as the committee has, keeps the committee."""
+    torch.manual_seed(0)
+    committee = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=8, members=3).eval()
+    x = torch.rand(4, 3, 16, 16)
+    one = prune.keep_members(committee, 1)
+    assert isinstance(one, nets.SignNet)
+    with torch.no_grad():
+        torch.testing.assert_close(one(x), committee.members[0](x))
+    two = prune.keep_members(committee, 2)
+    assert isinstance(two, nets.Committee) and len(two.members) == 2
+    assert prune.keep_members(committee, 0) is committee and prune.keep_members(committee, 3) is committee
+    assert prune.keep_members(one, 1) is one
+    prune.prune_filters(one, 0.5, "l1", 1)
+    like = {"arch": nets.arch_kwargs("signnet", 16, width=8, members=1), "mean": [0.5] * 3, "std": [0.25] * 3}
+    model_file.write_like(tmp_path / "pruned.pt", one, like)
+    reloaded, payload = model_file.read(tmp_path / "pruned.pt")
+    assert payload["arch"]["members"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), one(x))
 
 
 def test_filters_are_ranked_with_their_batchnorm_scale_folded_in() -> None:
