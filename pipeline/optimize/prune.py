@@ -107,9 +107,7 @@ def kept_channels(channels: int, amount: float, multiple: int = 1) -> int:
     return keep
 
 
-def prune_filters(
-    model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1", multiple: int = 1
-) -> PruneReport:
+def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1", multiple: int = 1) -> PruneReport:
     """Remove about `amount` of every convolution's filters (`kept_channels`), in place."""
     if not 0.0 <= amount < 1.0:
         raise ValueError(f"prune amount must be in [0, 1), got {amount}")
