@@ -106,6 +106,7 @@ def build(
     by_id = {c.class_id: c for c in per_class}
     worst = [by_id[w.class_id] for w in evaluation.worst_classes if w.class_id in by_id]
     variant = manifest.variant(choice.variant)
+    trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == "fp32"), None)
     return model_card.ModelCard(
         model_name=params.serve.model_name,
         architecture=manifest.architecture,
@@ -134,7 +135,7 @@ def build(
             per_class=per_class,
             worst=worst,
         ),
-        shipped=_shipped(variant, choice, report),
+        shipped=_shipped(variant, choice, report, made_from(variant, manifest.variants, trained_macs)),
         failure_modes=_failure_modes(prepared, evaluation, labels, predicted, pairs, classes, served_input),
     )
 
@@ -156,7 +157,40 @@ def _validation(prepared: PreparedManifest, trained_on: bool) -> str:
     return f"{split}; held out from this model's training"
 
 
-def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any]) -> model_card.ShippedFacts:
+def made_from(variant: Any, variants: list[Any], trained_macs: Any) -> str:
+    """One sentence on how the shipped network was made from the trained model, from optimize's variant details
+    (an ONNX or int8 file's own details name only its source: followed back to the torch variant)."""
+    by_name = {v.name: v for v in variants}
+    seen = {variant.name}
+    while not {"prune_amount", "student_width"} & set(variant.details) and variant.source in by_name:
+        if variant.source in seen:
+            break
+        variant = by_name[variant.source]
+        seen.add(variant.name)
+    d = variant.details
+    share = (
+        f" ({100 * int(d['macs']) / int(trained_macs):.0f} % of its multiply-adds)"
+        if d.get("macs") and trained_macs
+        else ""
+    )
+    if "prune_amount" in d:
+        members = int(d.get("prune_members", 0))
+        which = "its first network" if members == 1 else f"its first {members} networks" if members else "it"
+        return (
+            f"Made from the trained model: {which}, pruned to {d.get('channels_after', '?')} channels{share}, "
+            f"fine-tuned {d.get('finetune_epochs', '?')} epochs distilled from the whole model."
+        )
+    if "student_width" in d:
+        return (
+            f"Made from the trained model: a width-{d['student_width']} network{share} trained "
+            f"{d.get('student_epochs', '?')} epochs on its outputs."
+        )
+    return "The trained model's own weights."
+
+
+def _shipped(
+    variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any], made: str = ""
+) -> model_card.ShippedFacts:
     m = choice.metrics
     default = benchmark_report.default_eager(report.get("results", []))
     speedup = (
@@ -175,6 +209,7 @@ def _shipped(variant: Any, choice: serving_file.ServingChoice, report: dict[str,
         sha256=variant.sha256,
         served_accuracy=variant.served_accuracy,
         accuracy_drop_points=round(100 * variant.accuracy_drop, 2),
+        made_from=made,
         backend=choice.backend,
         throughput_b32=m.get("throughput_b32"),
         p50_ms=m.get("p50_ms"),

@@ -85,6 +85,7 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
     assert f"**Served accuracy {100 * e['accuracy']:.2f} %**" in text
     assert f"{100 * e['accuracy_ci95'][0]:.2f} % to {100 * e['accuracy_ci95'][1]:.2f} %" in text
     assert f"`{s['variant']}`" in text and d["content_sha256"] in text
+    assert s["made_from"] == "The trained model's own weights." and s["made_from"] in text  # no pruning here
     for c in e["worst"]:
         assert f"| {c['class_id']} {c['name']} | {100 * c['accuracy']:.2f} % |" in text
     for mode in facts["failure_modes"]:
@@ -135,3 +136,36 @@ def test_the_server_shows_the_card_of_its_variant_only(benchmarked_project: Path
         assert answer.status_code == 404 and "pipeline card" in answer.json()["error"]
     finally:
         server.stop()
+
+
+def test_the_card_says_how_a_pruned_network_was_made() -> None:
+    """The served pruned-int8-onnx: its source chain (int8 <- ONNX <- torch) leads to the pruned network, whose
+    details name which network, its channels, its share of the trained model's multiply-adds and its fine-tune."""
+    from pipeline.artifacts.variants import Variant
+
+    def variant(name: str, source: str, **details: object) -> Variant:
+        return Variant(name=name, file=f"{name}.x", format="onnx", runtimes=["onnxruntime"], precision="int8",
+                       accuracy=0.99, accuracy_drop=0.0016, size_bytes=1, sha256="x", parameters=1, accepted=True,
+                       source=source, details=details)  # fmt: skip
+
+    variants = [
+        variant("fp32", "", macs=77_277_952),
+        variant("int8-onnx", "fp32-onnx", macs=77_277_952),
+        variant("fp32-onnx", "fp32", macs=77_277_952),
+        variant(
+            "pruned",
+            "",
+            prune_amount=0.125,
+            prune_members=1,
+            channels_after="[24, 24, 56, 56, 112, 112]",
+            finetune_epochs=6,
+            macs=27_136_720,
+        ),
+        variant("pruned-onnx", "pruned", macs=27_136_720),
+        variant("pruned-int8-onnx", "pruned-onnx", macs=27_136_720),
+    ]
+    assert card.made_from(variants[-1], variants, 77_277_952) == (
+        "Made from the trained model: its first network, pruned to [24, 24, 56, 56, 112, 112] channels (35 % of its "
+        "multiply-adds), fine-tuned 6 epochs distilled from the whole model."
+    )
+    assert card.made_from(variants[1], variants, 77_277_952) == "The trained model's own weights."
