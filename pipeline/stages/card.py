@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from pipeline.artifacts import MODELS_DIR, benchmark_report, model_card
@@ -29,6 +30,7 @@ from pipeline.artifacts.variants import read_manifest as read_model_manifest
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
+from pipeline.metrics import compute_metrics
 from pipeline.tracking import stage_run
 
 EXAMPLES_PER_CONFUSION = 3
@@ -52,8 +54,9 @@ def run(params: Params) -> None:
         mlrun.log_artifact(model_card.FACTS_PATH, "model_card")
     e = card.evaluation
     log(
-        f"card: {path}: served accuracy {e.accuracy:.4f} (95 % CI {e.accuracy_ci95[0]:.4f}-{e.accuracy_ci95[1]:.4f}), "
-        f"shipped {card.shipped.variant}, {len(card.failure_modes)} known failure modes"
+        f"card: {path}: shipped {card.shipped.variant}, served accuracy {e.accuracy:.4f} of {e.model} (95 % CI "
+        f"{e.accuracy_ci95[0]:.4f}-{e.accuracy_ci95[1]:.4f}; the trained model {e.trained_accuracy:.4f}), "
+        f"{len(card.failure_modes)} known failure modes"
     )
 
 
@@ -67,13 +70,28 @@ def build(
     report: dict[str, Any],
 ) -> model_card.ModelCard:
     served_input = bool(predictions.served_predicted)
-    predicted = predictions.served_predicted if served_input else predictions.predicted
+    trained_predicted = predictions.served_predicted if served_input else predictions.predicted
     labels = predictions.labels
-    correct = sum(int(a == p) for a, p in zip(labels, predicted, strict=True))
+    correct = sum(int(a == p) for a, p in zip(labels, trained_predicted, strict=True))
     if len(labels) != evaluation.images or abs(correct / max(1, len(labels)) - evaluation.accuracy) > 1e-9:
         raise StageError(
             f"{evaluation_file.METRICS_PATH} and {predictions_file.PREDICTIONS_PATH} disagree (a stale or "
             "interrupted evaluate): rerun `pipeline evaluate`"
+        )
+    variant = manifest.variant(choice.variant)
+    # The card describes what the server answers: the shipped variant's own predictions on the served test files
+    # (optimize records them; deploy's smoke test reproduces them through the API). evaluate's figures are the
+    # trained model's before optimisation, shown beside them. Without recorded predictions (no original files):
+    # the trained model's, and the card says so.
+    shipped_own = bool(variant.served_predicted) and len(variant.served_predicted or []) == len(labels)
+    predicted = list(variant.served_predicted or []) if shipped_own else trained_predicted
+    figures = compute_metrics(
+        np.asarray(labels), np.asarray(predicted), predictions.classes, len(evaluation.worst_classes)
+    )
+    if shipped_own and abs(figures["accuracy"] - (variant.served_accuracy or 0.0)) > 1e-9:
+        raise StageError(
+            f"models/manifest.json: {variant.name}'s served predictions and served accuracy disagree (a stale or "
+            "interrupted optimize): rerun `pipeline optimize`"
         )
     classes = predictions.classes
     names = [Path(n).name for n in prepared.test_files] or [f"test image {i}" for i in range(len(labels))]
@@ -102,10 +120,9 @@ def build(
             ],
         )
 
-    per_class = [result(c.class_id, c.accuracy, c.support) for c in evaluation.per_class.values()]
+    per_class = [result(c["class_id"], c["accuracy"], c["support"]) for c in figures["per_class"].values()]
     by_id = {c.class_id: c for c in per_class}
-    worst = [by_id[w.class_id] for w in evaluation.worst_classes if w.class_id in by_id]
-    variant = manifest.variant(choice.variant)
+    worst = [by_id[w["class_id"]] for w in figures["worst_classes"] if w["class_id"] in by_id]
     trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == "fp32"), None)
     return model_card.ModelCard(
         model_name=params.serve.model_name,
@@ -125,18 +142,31 @@ def build(
             crop=prepared.crop,
         ),
         evaluation=model_card.EvaluationFacts(
+            model=f"the shipped variant `{variant.name}`" if shipped_own else "the trained model",
             measured_on=evaluation.measured_on,
-            images=evaluation.images,
-            accuracy=evaluation.accuracy,
-            accuracy_ci95=model_card.wilson_interval(correct, len(labels)),
-            roi_accuracy=evaluation.roi_accuracy,
-            macro_f1=evaluation.macro_f1,
-            errors=evaluation.errors,
+            images=figures["images"],
+            accuracy=figures["accuracy"],
+            accuracy_ci95=model_card.wilson_interval(figures["images"] - figures["errors"], figures["images"]),
+            roi_accuracy=variant.accuracy if shipped_own else evaluation.roi_accuracy,
+            macro_f1=figures["macro_f1"],
+            errors=figures["errors"],
             per_class=per_class,
             worst=worst,
+            trained_accuracy=evaluation.accuracy,
+            trained_roi_accuracy=evaluation.roi_accuracy,
+            trained_errors=evaluation.errors,
         ),
         shipped=_shipped(variant, choice, report, made_from(variant, manifest.variants, trained_macs)),
-        failure_modes=_failure_modes(prepared, evaluation, labels, predicted, pairs, classes, served_input),
+        failure_modes=_failure_modes(
+            prepared,
+            figures,
+            variant.accuracy if shipped_own else evaluation.roi_accuracy,
+            labels,
+            predicted,
+            pairs,
+            classes,
+            served_input,
+        ),
     )
 
 
@@ -222,7 +252,8 @@ def _shipped(
 
 def _failure_modes(
     prepared: PreparedManifest,
-    evaluation: evaluation_file.EvaluationMetrics,
+    figures: dict[str, Any],
+    roi_accuracy: float,
     labels: list[int],
     predicted: list[int],
     pairs: Counter[tuple[int, int]],
@@ -234,9 +265,9 @@ def _failure_modes(
     support = Counter(labels)
     for (a, p), n in pairs.most_common(3):
         modes.append(f"{classes[a]} read as {classes[p]}: {n} of {support[a]} test images of that class.")
-    if served_input and evaluation.roi_accuracy > evaluation.accuracy:
+    if served_input and roi_accuracy > figures["accuracy"]:
         modes.append(
-            f"Framing: {100 * evaluation.accuracy:.2f} % on whole files against {100 * evaluation.roi_accuracy:.2f} % "
+            f"Framing: {100 * figures['accuracy']:.2f} % on whole files against {100 * roi_accuracy:.2f} % "
             "when the sign's box is given (`/v1/predict` `box=`): send a box when you have one."
         )
     small = _small_image_accuracy(prepared, labels, predicted)
@@ -244,11 +275,11 @@ def _failure_modes(
         modes.append(small)
     # Rare classes are a failure mode only where they measurably do worse than the headline.
     counts = prepared.splits["train"].per_class
-    figures = {c.class_id: c for c in evaluation.per_class.values()}
-    rare = [i for i in sorted(range(len(counts)), key=lambda i: counts[i])[:5] if i in figures]
-    weak = [i for i in rare if figures[i].accuracy < evaluation.accuracy]
+    by_id = {c["class_id"]: c["accuracy"] for c in figures["per_class"].values()}
+    rare = [i for i in sorted(range(len(counts)), key=lambda i: counts[i])[:5] if i in by_id]
+    weak = [i for i in rare if by_id[i] < figures["accuracy"]]
     if weak:
-        text = ", ".join(f"{classes[i]} ({counts[i]} images: {100 * figures[i].accuracy:.1f} %)" for i in weak)
+        text = ", ".join(f"{classes[i]} ({counts[i]} images: {100 * by_id[i]:.1f} %)" for i in weak)
         modes.append(f"Among the five rarest training classes, below the headline: {text}.")
     return modes
 

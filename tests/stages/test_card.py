@@ -41,16 +41,27 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
     assert "this model then trained on it too" in facts["data"]["validation"]
     assert "held out from this model" not in text and "this model then trained on it too" in text
 
+    # The card describes what the server answers: the shipped variant's own served predictions (optimize's record,
+    # which deploy reproduces through the API); evaluate's figures are the trained model's, beside them.
     e = facts["evaluation"]
-    for key in ("accuracy", "roi_accuracy", "macro_f1", "errors", "images", "measured_on"):
-        assert e[key] == evaluation[key], key
+    variant = next(v for v in manifest["variants"] if v["name"] == serving["variant"])
+    labels, served = predictions["labels"], variant["served_predicted"]
+    assert e["model"] == f"the shipped variant `{variant['name']}`"
+    assert e["accuracy"] == variant["served_accuracy"] and e["roi_accuracy"] == variant["accuracy"]
+    assert e["errors"] == sum(a != q for a, q in zip(labels, served, strict=True))
+    assert e["images"] == evaluation["images"] and e["measured_on"] == evaluation["measured_on"]
+    assert (e["trained_accuracy"], e["trained_roi_accuracy"], e["trained_errors"]) == (
+        evaluation["accuracy"], evaluation["roi_accuracy"], evaluation["errors"]
+    )  # fmt: skip
     assert e["accuracy_ci95"][0] <= e["accuracy"] <= e["accuracy_ci95"][1]
-    assert {c["name"]: (c["accuracy"], c["support"]) for c in e["per_class"]} == {
-        name: (v["accuracy"], v["support"]) for name, v in evaluation["per_class"].items()
+    support = Counter(labels)
+    hits = Counter(a for a, q in zip(labels, served, strict=True) if a == q)
+    assert {c["class_id"]: (c["accuracy"], c["support"]) for c in e["per_class"]} == {
+        k: (hits[k] / n, n) for k, n in support.items()
     }
-    assert [c["class_id"] for c in e["worst"]] == [w["class_id"] for w in evaluation["worst_classes"]]
-    # Confusions are counted from evaluate's served predictions, with the test files that were confused.
-    labels, served = predictions["labels"], predictions["served_predicted"]
+    ranked = sorted(support, key=lambda k: (hits[k] / support[k], -support[k]))
+    assert [c["accuracy"] for c in e["worst"]] == [hits[k] / support[k] for k in ranked[: len(e["worst"])]]
+    # Confusions are counted from the same predictions, with the test files that were confused.
     pairs = Counter((a, q) for a, q in zip(labels, served, strict=True) if a != q)
     names = [Path(n).name for n in prepared["test_files"]]
     classes = predictions["classes"]
@@ -63,7 +74,6 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
                 assert (labels[i], served[i]) == (c["class_id"], q)
 
     s = facts["shipped"]
-    variant = next(v for v in manifest["variants"] if v["name"] == serving["variant"])
     assert (s["variant"], s["size_bytes"], s["sha256"], s["served_accuracy"]) == (
         variant["name"], variant["size_bytes"], variant["sha256"], variant["served_accuracy"]
     )  # fmt: skip
@@ -82,7 +92,8 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
     assert facts["recipe"]["train"]["epochs"] == load_params(p / "params.yaml").train.epochs
 
     # The Markdown shows those same figures.
-    assert f"**Served accuracy {100 * e['accuracy']:.2f} %**" in text
+    assert f"**Served accuracy {100 * e['accuracy']:.2f} %** (95 % CI" in text and e["model"] in text
+    assert f"The trained model before optimisation (`pipeline evaluate`): {100 * e['trained_accuracy']:.2f} %" in text
     assert f"{100 * e['accuracy_ci95'][0]:.2f} % to {100 * e['accuracy_ci95'][1]:.2f} %" in text
     assert f"`{s['variant']}`" in text and d["content_sha256"] in text
     assert s["made_from"] == "The trained model's own weights." and s["made_from"] in text  # no pruning here
@@ -169,3 +180,41 @@ def test_the_card_says_how_a_pruned_network_was_made() -> None:
         "multiply-adds), fine-tuned 6 epochs distilled from the whole model."
     )
     assert card.made_from(variants[1], variants, 77_277_952) == "The trained model's own weights."
+
+
+def _ship_one_more_error(project: Path, consistent: bool) -> tuple[str, float]:
+    """Make the shipped variant's recorded served predictions one error worse than the trained model's (as a
+    pruned network's can be); with `consistent` false its served_accuracy is left as it was (a stale record)."""
+    path = project / "models/manifest.json"
+    manifest = _json(path)
+    shipped = _json(project / "models/serving.json")["variant"]
+    labels = _json(project / "reports/evaluate/predictions.json")["labels"]
+    variant = next(v for v in manifest["variants"] if v["name"] == shipped)
+    served = variant["served_predicted"]
+    i = next(i for i, (a, q) in enumerate(zip(labels, served, strict=True)) if a == q)
+    served[i] = (labels[i] + 1) % len(manifest["classes"])
+    accuracy = sum(a == q for a, q in zip(labels, served, strict=True)) / len(labels)
+    if consistent:
+        variant["served_accuracy"] = accuracy
+    path.write_text(json.dumps(manifest))
+    return shipped, accuracy
+
+
+def test_the_card_headlines_the_shipped_variant_not_the_trained_model(project_copy: Path) -> None:
+    shipped, accuracy = _ship_one_more_error(project_copy, consistent=True)
+    card.run(load_params(project_copy / "params.yaml"))
+    e = _json(project_copy / "reports/model_card.json")["evaluation"]
+    trained = _json(project_copy / "reports/evaluate/metrics.json")
+    assert e["accuracy"] == accuracy and e["errors"] == trained["errors"] + 1
+    assert (e["trained_accuracy"], e["trained_errors"]) == (trained["accuracy"], trained["errors"])
+    text = (project_copy / "reports/model_card.md").read_text()
+    assert f"**Served accuracy {100 * accuracy:.2f} %** (95 % CI" in text and f"`{shipped}`" in text
+    assert f"{100 * (1 - accuracy):.2f} % of the test images are misclassified" in text
+
+
+def test_a_stale_variant_record_is_refused(project_copy: Path) -> None:
+    _ship_one_more_error(project_copy, consistent=False)
+    with pytest.raises(
+        StageError, match=r"served predictions and served accuracy disagree .*rerun `pipeline optimize`"
+    ):
+        card.run(load_params(project_copy / "params.yaml"))
