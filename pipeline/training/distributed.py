@@ -48,9 +48,10 @@ def choose_device(wanted: str) -> torch.device:
 
 
 def amp_dtype(amp: str, device: torch.device, cpu_flags: set[str] | None = None) -> torch.dtype | None:
-    """bf16 autocast for `bf16`; for `auto`, where bf16 matrix units make it pay: CUDA with bf16, and x86 CPUs
-    with AMX (`amx_bf16`: the default recipe trains 1.8-2x faster there). AVX512-BF16 alone or AVX2 would be
-    slower than fp32 (3x on an AVX2 EPYC), so those stay fp32."""
+    """bf16 autocast for `bf16`; for `auto`, where bf16 arithmetic in hardware makes it pay: CUDA with bf16, and x86
+    CPUs with AMX (`amx_bf16`: the default recipe's step 1.96x fp32 on a Xeon) or AVX512-BF16 (1.69-1.76x on an
+    EPYC without AMX; `pipeline bench train`). AVX2 only emulates bf16 (3x slower than fp32 on an AVX2 EPYC) and
+    Arm's bf16 is not measured yet: those stay fp32."""
     if amp == "bf16":
         return torch.bfloat16
     if amp != "auto":
@@ -60,7 +61,8 @@ def amp_dtype(amp: str, device: torch.device, cpu_flags: set[str] | None = None)
     from pipeline.machine import cpu_flags as read_cpu_flags
 
     flags = read_cpu_flags() if cpu_flags is None else cpu_flags
-    return torch.bfloat16 if "amx_bf16" in flags and torch.backends.mkldnn.is_available() else None
+    x86_bf16 = {"amx_bf16", "avx512_bf16"} & flags
+    return torch.bfloat16 if x86_bf16 and torch.backends.mkldnn.is_available() else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
