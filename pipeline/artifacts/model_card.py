@@ -142,6 +142,10 @@ def read_markdown_for(variant: str, reports_dir: Path = REPORTS_DIR) -> str | No
     return card.read_text()
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f} %"
 
@@ -211,13 +215,13 @@ def render(card: ModelCard) -> str:
         "",
         f"- **Served accuracy {_pct(e.accuracy)}** (95 % CI {_pct(lo)} to {_pct(hi)}) of {e.model} on "
         f"{e.images:,} test images ({e.measured_on}: the files as users send them, through the server's "
-        f"preprocessing); {e.errors} errors, macro F1 {e.macro_f1:.4f}.",
+        f"preprocessing); {_count(e.errors, 'error')}, macro F1 {e.macro_f1:.4f}.",
         f"- ROI protocol (the annotated box plus margin, how papers report {d.dataset}): {_pct(e.roi_accuracy)}.",
     ]
     if e.trained_accuracy is not None and e.model != "the trained model":
         lines.append(
             f"- The trained model before optimisation (`pipeline evaluate`): {_pct(e.trained_accuracy)} served "
-            f"({e.trained_errors} errors), ROI {_pct(e.trained_roi_accuracy)}; `{s.variant}` is "
+            f"({_count(e.trained_errors or 0, 'error')}), ROI {_pct(e.trained_roi_accuracy)}; `{s.variant}` is "
             f"{abs(s.accuracy_drop_points):.2f} points {'below' if s.accuracy_drop_points >= 0 else 'above'} it on "
             "optimize's gate (the held-out files as served)."
         )
