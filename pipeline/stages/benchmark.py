@@ -120,7 +120,37 @@ def run_setup(setup: Setup, config: BenchmarkConfig, timeout_s: float) -> Result
     return Result(setup, "ok", metrics=json.loads(lines[-1]))
 
 
+SGEMM_SIDE = 2048
+
+
+def measure_sgemm(timeout_s: float) -> float | None:
+    """The machine's fp32 multiply-add rate (GMAC/s) from a large torch.mm on all cores, in a fresh interpreter as
+    the setups are: the roofline that the per-variant table compares each variant's achieved rate with."""
+    command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return float(json.loads(lines[-1])["gmacs"]) if done.returncode == 0 and lines else None
+
+
 # ---- the worker: runs in its own process -----------------------------------------------------------------
+
+
+def _sgemm_gmacs(seconds: float = 1.0, rounds: int = 3) -> float:
+    import torch
+
+    a, b = torch.rand(SGEMM_SIDE, SGEMM_SIDE), torch.rand(SGEMM_SIDE, SGEMM_SIDE)
+    torch.mm(a, b)
+    best = 0.0
+    for _ in range(rounds):
+        calls, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds / rounds or calls == 0:
+            torch.mm(a, b)
+            calls += 1
+        best = max(best, calls * SGEMM_SIDE**3 / elapsed / 1e9)
+    return best
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
@@ -242,7 +272,57 @@ def markdown_table(report: dict[str, Any], batch: int = 32) -> str:
             f"{_fmt(speed, 2)}× | {_fmt(lat, 2)}× | {m.get('accuracy', 0):.4f} | {_fmt(m.get('startup_s'), 2)} | "
             f"{_fmt(m.get('peak_memory_mb'), 0)} |"
         )
+    lines += per_variant_table(report, batch)
     return "\n".join(lines) + "\n"
+
+
+def per_variant_table(report: dict[str, Any], batch: int = 32) -> list[str]:
+    """One row per accepted variant: its work (multiply-adds, parameters, size), its served accuracy (optimize's,
+    on the original files) and its fastest all-core setup here, as a rate against PyTorch's default eager and as
+    multiply-adds per second against the fp32 sgemm roofline row (int8 kernels can pass it: VNNI / AMX / i8mm)."""
+    variants = report.get("variants") or []
+    if not variants:
+        return []
+    key = f"throughput_b{batch}"
+    ok = [r for r in report["results"] if r["status"] == "ok" and r["setup"]["threads"] == 0 and key in r["metrics"]]
+    default = benchmark_report.default_eager(report["results"], batch)
+    sgemm = report.get("sgemm_gmacs")
+    lines = [
+        "",
+        f"Per variant: its fastest setup on all cores (batch {batch}); GMAC/s = multiply-adds per image × images/s; "
+        f"the roofline row is fp32 sgemm ({SGEMM_SIDE}² torch.mm, the build's BLAS, all cores). Above 100 %: the "
+        "runtime beats the build's BLAS on this CPU (int8 dot products: VNNI, AMX, i8mm; or a BLAS that does not use "
+        "the CPU's widest vectors, as MKL on AMD CPUs).",
+        "",
+        f"| variant | multiply-adds / image | parameters | size | served accuracy | fastest setup | p50 ms (b1) "
+        f"| img/s b{batch} | img/s b256 | × default eager b{batch} | GMAC/s b{batch} | of sgemm |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in variants:
+        runs = [r for r in ok if r["setup"]["variant"] == v["name"]]
+        best = max(runs, key=lambda r: r["metrics"][key], default=None)
+        macs = v.get("macs")
+        work = f"{macs / 1e6:.1f} M" if macs else "–"
+        head = (
+            f"| {v['name']} | {work} | {v['parameters']:,} | {v['size_bytes'] / 1024:,.1f} KiB | "
+            f"{_fmt(v.get('served_accuracy'), 4)} |"
+        )
+        if best is None:
+            lines.append(f"{head} not timed | | | | | | |")
+            continue
+        m, s = best["metrics"], best["setup"]
+        speed = m[key] / default["metrics"][key] if default else None
+        gmacs = macs * m[key] / 1e9 if macs else None
+        share = f"{100 * gmacs / sgemm:.0f} %" if gmacs and sgemm else "–"
+        lines.append(
+            f"{head} {s['backend']} / {s['setting']} | {_fmt(m.get('p50_ms'), 3)} | {_fmt(m[key], 0)} | "
+            f"{_fmt(m.get('throughput_b256'), 0)} | {_fmt(speed, 2)}× | {_fmt(gmacs, 1)} | {share} |"
+        )
+    lines.append(
+        f"| roofline: fp32 sgemm | – | – | – | – | torch.mm / all cores | – | – | – | – | {_fmt(sgemm, 1)} | "
+        f"{'100 %' if sgemm else '–'} |"
+    )
+    return lines
 
 
 def choose(
@@ -438,6 +518,8 @@ def run(params: Params) -> None:
             )  # fmt: skip
             steps.finished(setup.label, summary)
         chosen = choose(results, {v.name: v.accuracy for v in manifest.variants if v.accepted}, config)
+        sgemm = measure_sgemm(config.timeout_s)
+        log(f"benchmark: roofline, fp32 sgemm on all cores: {_fmt(sgemm, 1)} GMAC/s")
         report: dict[str, Any] = {
             "machine": machine,
             "config": config.model_dump(mode="json"),
@@ -448,6 +530,18 @@ def run(params: Params) -> None:
             "chosen_served_accuracy": next(
                 (v.served_accuracy for v in manifest.variants if chosen and v.name == chosen.setup.variant), None
             ),
+            "variants": [
+                {
+                    "name": v.name,
+                    "macs": v.details.get("macs"),
+                    "parameters": v.parameters,
+                    "size_bytes": v.size_bytes,
+                    "served_accuracy": v.served_accuracy,
+                }
+                for v in manifest.variants
+                if v.accepted
+            ],
+            "sgemm_gmacs": sgemm,
         }
         write_reports(report, config)
         if chosen is None:
@@ -518,7 +612,10 @@ def compare(paths: Sequence[Path], batch: int = 32) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON
-    worker_setup = Setup(**json.loads(sys.argv[1]))
-    worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
-    print(json.dumps(measure(worker_setup, worker_config)), flush=True)
+if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON | --sgemm
+    if sys.argv[1] == "--sgemm":
+        print(json.dumps({"gmacs": _sgemm_gmacs()}), flush=True)
+    else:
+        worker_setup = Setup(**json.loads(sys.argv[1]))
+        worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
+        print(json.dumps(measure(worker_setup, worker_config)), flush=True)

@@ -128,7 +128,15 @@ def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeyp
     assert ("bf16-fpmath" in onednn) == bf16_capable(machine["isa"], machine["architecture"])
     choice = json.loads(Path("models/serving.json").read_text())
     assert choice["backend"] == "onnxruntime" and report["chosen"]["variant"] == choice["variant"]
-    assert "**(served)**" in Path("reports/benchmark/table.md").read_text()
+    table = Path("reports/benchmark/table.md").read_text()
+    assert "**(served)**" in table
+    # The per-variant table: every accepted variant with its work, and the measured fp32 sgemm roofline.
+    assert report["sgemm_gmacs"] > 0 and "| roofline: fp32 sgemm |" in table
+    manifest = json.loads(Path("models/manifest.json").read_text())
+    accepted = [v["name"] for v in manifest["variants"] if v["accepted"]]
+    assert [v["name"] for v in report["variants"]] == accepted
+    for v in report["variants"]:
+        assert f"| {v['name']} | {v['macs'] / 1e6:.1f} M | {v['parameters']:,} |" in table
     assert Path("reports/benchmark/throughput.png").stat().st_size > 0
     assert "Conv" in Path("reports/benchmark/profile.txt").read_text()
 
@@ -153,3 +161,35 @@ def test_headline_ratios_are_against_each_eager_baseline_at_its_better_thread_co
     assert out["speedup_b32_vs_default_eager"] == 10.0 and out["default_eager_threads"] == "all"
     assert out["speedup_b32_vs_eager_onednn_off"] == 30.0
     assert out["isa"] == "avx512f amx_int8"
+
+
+def test_per_variant_table_rates_each_variant_against_default_eager_and_the_roofline() -> None:
+    results = [
+        _timed("fp32", "torch-eager", "onednn-on", 0, 1000.0),
+        _timed("fp32", "torch-eager", "onednn-on", 1, 600.0),
+        _timed("fp32-onnx", "onnxruntime", "default", 0, 2500.0),
+        _timed("pruned-int8-onnx", "onnxruntime", "default", 0, 15000.0),
+        _timed("pruned-int8-onnx", "onnxruntime", "default", 1, 9000.0),
+    ]
+    report = {
+        "results": results,
+        "variants": [
+            {"name": "fp32", "macs": 80_000_000, "parameters": 586006, "size_bytes": 2048, "served_accuracy": 0.995},
+            {"name": "fp32-onnx", "macs": 80_000_000, "parameters": 586006, "size_bytes": 2048,
+             "served_accuracy": 0.995},
+            {"name": "pruned-int8-onnx", "macs": 20_000_000, "parameters": 221123, "size_bytes": 1024,
+             "served_accuracy": 0.99},
+            {"name": "student", "macs": None, "parameters": 1, "size_bytes": 1024, "served_accuracy": None},
+        ],
+        "sgemm_gmacs": 100.0,
+    }  # fmt: skip
+    rows = {line.split(" | ")[0]: line for line in benchmark.per_variant_table(report, 32) if line.startswith("| ")}
+    # fastest all-core setup; 15,000 img/s x 20 M MACs = 300 GMAC/s = 3x the fp32 sgemm rate (int8 can pass it)
+    assert rows["| pruned-int8-onnx"] == (
+        "| pruned-int8-onnx | 20.0 M | 221,123 | 1.0 KiB | 0.9900 | onnxruntime / default | 1.000 | 15,000 | – | "
+        "15.00× | 300.0 | 300 % |"
+    )
+    assert "| 2.50× | 200.0 | 200 % |" in rows["| fp32-onnx"] and "| 1.00× | 80.0 | 80 % |" in rows["| fp32"]
+    assert rows["| student"].endswith("not timed | | | | | | |")
+    assert rows["| roofline: fp32 sgemm"].endswith("| 100.0 | 100 % |")
+    assert benchmark.per_variant_table({"results": results}, 32) == []  # older reports: no table
