@@ -276,6 +276,19 @@ def markdown_table(report: dict[str, Any], batch: int = 32) -> str:
     return "\n".join(lines) + "\n"
 
 
+def variant_macs(variant: Any, variants: Sequence[Any]) -> int | None:
+    """Multiply-adds per image that optimize recorded for the variant, else for the variant it was made from (a
+    bf16 copy or an exported graph does the same work as its source)."""
+    by_name = {v.name: v for v in variants}
+    seen: set[str] = set()
+    while variant is not None and variant.name not in seen:
+        if variant.details.get("macs"):
+            return int(variant.details["macs"])
+        seen.add(variant.name)
+        variant = by_name.get(variant.source)
+    return None
+
+
 def per_variant_table(report: dict[str, Any], batch: int = 32) -> list[str]:
     """One row per accepted variant: its work (multiply-adds, parameters, size), its served accuracy (optimize's,
     on the original files) and its fastest all-core setup here, as a rate against PyTorch's default eager and as
@@ -533,7 +546,7 @@ def run(params: Params) -> None:
             "variants": [
                 {
                     "name": v.name,
-                    "macs": v.details.get("macs"),
+                    "macs": variant_macs(v, manifest.variants),
                     "parameters": v.parameters,
                     "size_bytes": v.size_bytes,
                     "served_accuracy": v.served_accuracy,

@@ -135,7 +135,7 @@ def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeyp
     manifest = json.loads(Path("models/manifest.json").read_text())
     accepted = [v["name"] for v in manifest["variants"] if v["accepted"]]
     assert [v["name"] for v in report["variants"]] == accepted
-    for v in report["variants"]:
+    for v in report["variants"]:  # every variant's work is known: its own record or its source's
         assert f"| {v['name']} | {v['macs'] / 1e6:.1f} M | {v['parameters']:,} |" in table
     assert Path("reports/benchmark/throughput.png").stat().st_size > 0
     assert "Conv" in Path("reports/benchmark/profile.txt").read_text()
@@ -193,3 +193,15 @@ def test_per_variant_table_rates_each_variant_against_default_eager_and_the_roof
     assert rows["| student"].endswith("not timed | | | | | | |")
     assert rows["| roofline: fp32 sgemm"].endswith("| 100.0 | 100 % |")
     assert benchmark.per_variant_table({"results": results}, 32) == []  # older reports: no table
+
+
+def test_variant_macs_follow_the_source_chain() -> None:
+    def v(name: str, source: str = "", **details: object) -> SimpleNamespace:
+        return SimpleNamespace(name=name, source=source, details=details)
+
+    variants = [v("fp32", macs=100), v("bf16", "fp32"), v("fp32-onnx", "fp32"), v("int8-onnx", "fp32-onnx"),
+                v("int8-pt2e", "fp32"), v("pruned", macs=30), v("pruned-int8-onnx", "pruned-onnx"), v("pruned-onnx", "pruned"),
+                v("orphan", "missing"), v("loop", "loop")]  # fmt: skip
+    macs = {x.name: benchmark.variant_macs(x, variants) for x in variants}
+    assert macs == {"fp32": 100, "bf16": 100, "fp32-onnx": 100, "int8-onnx": 100, "int8-pt2e": 100, "pruned": 30,
+                    "pruned-int8-onnx": 30, "pruned-onnx": 30, "orphan": None, "loop": None}  # fmt: skip
