@@ -127,8 +127,9 @@ SGEMM_SIDE = 2048
 def measure_sgemm(timeout_s: float) -> dict[str, float]:
     """The machine's fp32 multiply-add rate (GMAC/s) on a large matrix multiply, all cores, by each library the
     runtimes use (torch.mm: the build's BLAS; ONNX Runtime's MatMul: MLAS), in a fresh interpreter as the setups
-    are. The faster is the roofline of the per-variant table: a BLAS may not use the CPU's widest vectors (MKL on
-    AMD CPUs), so one library alone can understate what the cores do. Empty when it cannot be measured."""
+    are. The faster is the roofline of the per-variant table: one library alone can understate what the cores do
+    (on a 2-core AMD EPYC with AVX-512, MKL's sgemm ran at 102 GMAC/s, MLAS's at 217). Empty when it cannot be
+    measured."""
     command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -331,7 +332,8 @@ def per_variant_table(report: dict[str, Any], batch: int = 32) -> list[str]:
         f"Per variant: its fastest setup on all cores (batch {batch}); GMAC/s = multiply-adds per image × images/s; "
         f"the roofline row is fp32 sgemm ({SGEMM_SIDE}², all cores), the faster of "
         + (", ".join(f"{k} {v:,.1f}" for k, v in by_library.items()) or "no library measured")
-        + " GMAC/s. Above 100 %: narrower arithmetic the CPU accelerates (int8 dot products: VNNI, AMX, i8mm).",
+        + " GMAC/s. About 100 %: at the cores' fp32 rate (a large matrix multiply is a close bound, not an exact "
+        "one); well above: narrower arithmetic the CPU accelerates (int8 dot products: VNNI, AMX, i8mm).",
         "",
         f"| variant | multiply-adds / image | parameters | size | served accuracy | fastest setup | p50 ms (b1) "
         f"| img/s b{batch} | img/s b256 | × default eager b{batch} | GMAC/s b{batch} | of sgemm |",
