@@ -31,7 +31,7 @@ def train_from_teacher(
     """`epochs` of AdamW at peak `lr` (warm-up, then cosine to zero) on the images the train stage learnt from
     (the training split, plus validation with `train.train_on_val`); with a teacher and
     `distill` > 0 the loss also pulls the outputs towards the teacher's (temperature 2). bf16 autocast follows
-    `train.amp` (on CPUs with AMX and CUDA by default)."""
+    `train.amp` (by default on CUDA and on x86 CPUs with AMX or AVX512-BF16)."""
     cfg = params.optimize
     if epochs == 0:
         return model
