@@ -218,3 +218,23 @@ def test_a_stale_variant_record_is_refused(project_copy: Path) -> None:
         StageError, match=r"served predictions and served accuracy disagree .*rerun `pipeline optimize`"
     ):
         card.run(load_params(project_copy / "params.yaml"))
+
+
+def test_without_the_variants_served_record_the_card_says_it_shows_the_trained_model(project_copy: Path) -> None:
+    """Prepared data without original files: optimize records no served predictions; the card then shows evaluate's
+    figures and names whose they are, instead of passing them off as the shipped variant's."""
+    path = project_copy / "models/manifest.json"
+    manifest = _json(path)
+    shipped = _json(project_copy / "models/serving.json")["variant"]
+    variant = next(v for v in manifest["variants"] if v["name"] == shipped)
+    variant["served_predicted"], variant["served_accuracy"] = None, None
+    path.write_text(json.dumps(manifest))
+    card.run(load_params(project_copy / "params.yaml"))
+    e = _json(project_copy / "reports/model_card.json")["evaluation"]
+    trained = _json(project_copy / "reports/evaluate/metrics.json")
+    assert e["model"] == "the trained model"
+    assert (e["accuracy"], e["roi_accuracy"], e["errors"]) == (
+        trained["accuracy"], trained["roi_accuracy"], trained["errors"]
+    )  # fmt: skip
+    text = (project_copy / "reports/model_card.md").read_text()
+    assert "of the trained model on" in text and "before optimisation" not in text
