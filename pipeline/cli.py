@@ -19,7 +19,7 @@ from pipeline.errors import StageError
 
 app = typer.Typer(
     name="pipeline",
-    help="GTSRB MLOps pipeline: prepare, train, evaluate, optimize, benchmark, card, containerize, deploy; serve, monitor, predict.",
+    help="GTSRB MLOps pipeline: prepare, train, optimize, benchmark, evaluate, card, containerize, deploy; serve, monitor, predict.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -77,10 +77,16 @@ def _infer_binary(
     return dict(tensor)
 
 
+def fp32_tensor(images: np.ndarray) -> np.ndarray:
+    """uint8 [N,S,S,3] images as the FP32 [N,3,S,S] tensor in [0, 1] that this client sends (and evaluate feeds the
+    shipped model, so that both compute on the same numbers)."""
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype="<f4") / np.float32(255.0)
+
+
 def infer_fp32(base_url: str, model_name: str, images: np.ndarray, output: str = "class_id") -> np.ndarray:
     """Class ids (or `probabilities`) for uint8 [N,S,S,3] images, sent as FP32 [N,3,S,S]/255 with the binary
     tensor extension."""
-    batch = np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype="<f4") / np.float32(255.0)
+    batch = fp32_tensor(images)
     raw = np.ascontiguousarray(batch, dtype="<f4").tobytes()
     tensor = _infer_binary(base_url, model_name, list(batch.shape), "FP32", raw, output)
     values = np.asarray(tensor["data"], dtype=np.int64 if output == "class_id" else np.float32)

@@ -42,13 +42,13 @@ def real_gtsrb_root() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project folder after the real prepare -> train -> evaluate -> optimize stages on the tiny synthetic GTSRB:
+    """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
     data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume."""
     import contextlib
 
     import yaml
 
-    from pipeline.stages import evaluate, optimize, prepare, train
+    from pipeline.stages import optimize, prepare, train
 
     base = tmp_path_factory.mktemp("tiny-project")
     raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
@@ -70,7 +70,6 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             prepare.run(parsed)
             train.run(parsed)
-            evaluate.run(parsed)
             optimize.run(parsed)
         finally:
             if old is not None:
@@ -80,14 +79,14 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_project after the real benchmark stage, briefly timed (models/serving.json, reports/benchmark/), and
-    the card stage (reports/model_card.md)."""
+    """tiny_project after the real benchmark stage, briefly timed (models/serving.json, reports/benchmark/), the
+    evaluate stage on the variant it chose (reports/evaluate/) and the card stage (reports/model_card.md)."""
     import contextlib
     import shutil
 
     import yaml
 
-    from pipeline.stages import benchmark, card
+    from pipeline.stages import benchmark, card, evaluate
 
     work = tmp_path_factory.mktemp("benchmarked") / "project"
     shutil.copytree(tiny_project, work, symlinks=True)
@@ -97,5 +96,6 @@ def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFac
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
     with contextlib.chdir(work):
         benchmark.run(parse_params(raw))
+        evaluate.run(parse_params(raw))
         card.run(parse_params(raw))
     return work

@@ -68,6 +68,8 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         report = json.loads((artifact / "reports" / "benchmark" / "report.json").read_text())
         assert any(r["status"] == "ok" for r in report["results"])
         assert (artifact / "models" / "manifest.json").is_file()
+        evaluated = json.loads((artifact / "reports" / "evaluate" / "metrics.json").read_text())
+        assert evaluated["variant"] == json.loads((artifact / "models" / "serving.json").read_text())["variant"]
         assert (artifact / "data" / "prepared" / "test.npz").is_file()
         assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
         assert not (artifact / "models" / "checkpoints").exists()

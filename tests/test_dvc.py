@@ -69,7 +69,7 @@ def test_every_dvc_output_is_git_ignored_and_the_folders_exist() -> None:
     assert tracked.stdout.split() == ["data/README.md", "models/README.md"]
 
 
-PIPELINE_TO_CARD = ("prepare", "train", "evaluate", "optimize", "benchmark", "card")
+PIPELINE_TO_CARD = ("prepare", "train", "optimize", "benchmark", "evaluate", "card")
 
 
 def _what_the_server_would_serve(work: Path) -> str:
@@ -205,7 +205,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
         for path in ("png", "oip_bytes", "jpeg"):
             assert deployed[f"served_accuracy_{path}"] >= 0.95, (path, deployed)
         smoke = yaml.safe_load((work / "reports/deploy/smoke.json").read_text())
-        assert smoke["per_image_mismatches"] == {"oip_bytes": [], "png": []}
+        assert smoke["per_image_mismatches"] == {"fp32_tensor": [], "oip_bytes": [], "png": []}
 
     # And the server process itself, asked with the held-out files by a plain HTTP client.
     server = start_server(work / "models", tmp_path, {"model_name": "digits", "variant": "auto"})
@@ -217,6 +217,9 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
         answers = predict_files(server.url, [f.read_bytes() for f in files], "png")
         accuracy = float(np.mean(np.asarray(answers) == np.asarray(labels)))
         assert len(files) >= 300 and accuracy >= 0.95, accuracy
+        # evaluate measured the file this server serves: its headline is this client's figure, file for file
+        evaluated = yaml.safe_load((work / "reports/evaluate/predictions.json").read_text())
+        assert evaluated["served_predicted"] == answers and evaluation["accuracy"] == accuracy
         named = httpx.post(f"{server.url}/v1/predict", files={"files": ("x.png", files[0].read_bytes())}).json()
         assert named["predictions"][0]["top_k"][0]["name"] in classes
     finally:

@@ -1,7 +1,8 @@
 """reports/evaluate/metrics.json: evaluate's figures on the test split (DVC metrics), read by the model card.
 
-The headline `accuracy` is on what users send (the original files, whole, through the server's preprocessing);
-`roi_accuracy` is the ROI protocol beside it. Extra keys are kept (DVC shows them all)."""
+They are the shipped variant's (`variant`, `model_version`): the headline `accuracy` on what users send (the original
+files, whole, through the server's preprocessing), `roi_accuracy` the ROI protocol beside it; the trained model's
+on the same inputs as `trained_*`. Extra keys are kept (DVC shows them all)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class WorstClass(BaseModel):
 class EvaluationMetrics(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    variant: str
+    model_version: str
     accuracy: float
     measured_on: str
     roi_accuracy: float
@@ -50,6 +53,10 @@ class EvaluationMetrics(BaseModel):
     per_class: dict[str, ClassFigures]
     """By class name: accuracy (recall), support and F1, on the headline's input."""
     worst_classes: list[WorstClass]
+    trained_accuracy: float
+    """The trained model (before optimisation) on the headline's input."""
+    trained_roi_accuracy: float
+    trained_errors: int
 
 
 def write(metrics: dict[str, Any], path: Path = METRICS_PATH) -> Path:

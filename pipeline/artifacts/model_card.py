@@ -56,9 +56,8 @@ class ClassResult(_Facts):
 
 
 class EvaluationFacts(_Facts):
-    model: str = "the trained model"
-    """Whose figures these are: the shipped variant's own predictions (what the server answers) when optimize
-    recorded them, else the trained model's."""
+    model: str
+    """Whose figures these are: the shipped variant's, as evaluate measured it through the server's loader."""
     measured_on: str
     images: int
     accuracy: float
@@ -70,7 +69,7 @@ class EvaluationFacts(_Facts):
     per_class: list[ClassResult]
     worst: list[ClassResult]
     trained_accuracy: float | None = None
-    """The trained model before optimisation (evaluate's headline), on the same input."""
+    """The trained model before optimisation, on the same input (evaluate's `trained_accuracy`)."""
     trained_roi_accuracy: float | None = None
     trained_errors: int | None = None
 
@@ -218,9 +217,9 @@ def render(card: ModelCard) -> str:
         f"preprocessing); {_count(e.errors, 'error')}, macro F1 {e.macro_f1:.4f}.",
         f"- ROI protocol (the annotated box plus margin, how papers report {d.dataset}): {_pct(e.roi_accuracy)}.",
     ]
-    if e.trained_accuracy is not None and e.model != "the trained model":
+    if e.trained_accuracy is not None:
         lines.append(
-            f"- The trained model before optimisation (`pipeline evaluate`): {_pct(e.trained_accuracy)} served "
+            f"- The trained model before optimisation (same inputs): {_pct(e.trained_accuracy)} served "
             f"({_count(e.trained_errors or 0, 'error')}), ROI {_pct(e.trained_roi_accuracy)}; `{s.variant}` is "
             f"{abs(s.accuracy_drop_points):.2f} points {'below' if s.accuracy_drop_points >= 0 else 'above'} it on "
             "optimize's gate (the held-out files as served)."

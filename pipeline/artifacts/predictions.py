@@ -1,5 +1,5 @@
-"""reports/evaluate/predictions.json: evaluate's class for every test image, in the prepared test split's order;
-deploy requires the served model's answers through the API to match them."""
+"""reports/evaluate/predictions.json: the shipped variant's class for every test image, in the prepared test split's
+order, as evaluate measured it; deploy requires the image's answers through the API to be exactly these."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ PREDICTIONS_PATH = REPORTS_DIR / "evaluate" / "predictions.json"
 class Predictions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    variant: str
+    """The variant evaluate measured: the one the image ships."""
+    model_version: str
+    """The first 12 hex digits of its file's SHA-256, as the server reports it (a stale record is refused)."""
     classes: list[str]
     labels: list[int]
     """True class ids of the test images."""
     predicted: list[int]
-    """The evaluated model's top-1 class ids on the prepared (ROI-cropped) test images, one per test image."""
+    """Its top-1 class ids on the prepared (ROI-cropped) test images sent as FP32 tensors, one per test image."""
     served_predicted: list[int] = []
     """Its top-1 class ids on the test split's original files, whole, through the server's preprocessing
     (empty when the prepared data has no original files)."""
@@ -37,8 +41,16 @@ class Predictions(BaseModel):
     def accuracy(self) -> float:
         return sum(int(a == p) for a, p in zip(self.labels, self.predicted, strict=True)) / max(1, len(self.labels))
 
+    @property
+    def served_accuracy(self) -> float:
+        """On the original files, whole, through the server's preprocessing (evaluate's headline)."""
+        hits = sum(int(a == p) for a, p in zip(self.labels, self.served_predicted, strict=True))
+        return hits / max(1, len(self.served_predicted))
+
     def first(self, count: int) -> Predictions:
         return Predictions(
+            variant=self.variant,
+            model_version=self.model_version,
             classes=self.classes,
             labels=self.labels[:count],
             predicted=self.predicted[:count],

@@ -69,30 +69,30 @@ def build(
     choice: serving_file.ServingChoice,
     report: dict[str, Any],
 ) -> model_card.ModelCard:
+    # evaluate measured the shipped variant: its figures are what the server answers (deploy's smoke test
+    # reproduces them through the API, file for file); the trained model's are shown beside them.
     served_input = bool(predictions.served_predicted)
-    trained_predicted = predictions.served_predicted if served_input else predictions.predicted
+    predicted = predictions.served_predicted if served_input else predictions.predicted
     labels = predictions.labels
-    correct = sum(int(a == p) for a, p in zip(labels, trained_predicted, strict=True))
-    if len(labels) != evaluation.images or abs(correct / max(1, len(labels)) - evaluation.accuracy) > 1e-9:
+    correct = sum(int(a == p) for a, p in zip(labels, predicted, strict=True))
+    if (
+        len(labels) != evaluation.images
+        or abs(correct / max(1, len(labels)) - evaluation.accuracy) > 1e-9
+        or (evaluation.variant, evaluation.model_version) != (predictions.variant, predictions.model_version)
+    ):
         raise StageError(
             f"{evaluation_file.METRICS_PATH} and {predictions_file.PREDICTIONS_PATH} disagree (a stale or "
             "interrupted evaluate): rerun `pipeline evaluate`"
         )
-    variant = manifest.variant(choice.variant)
-    # The card describes what the server answers: the shipped variant's own predictions on the served test files
-    # (optimize records them; deploy's smoke test reproduces them through the API). evaluate's figures are the
-    # trained model's before optimisation, shown beside them. Without recorded predictions (no original files):
-    # the trained model's, and the card says so.
-    shipped_own = bool(variant.served_predicted) and len(variant.served_predicted or []) == len(labels)
-    predicted = list(variant.served_predicted or []) if shipped_own else trained_predicted
+    variant = manifest.variant(predictions.variant)
+    if variant.sha256[:12] != predictions.model_version:
+        raise StageError(
+            f"evaluate measured another {variant.name} file ({predictions.model_version}) than models/ holds "
+            f"({variant.sha256[:12]}): rerun `pipeline evaluate`"
+        )
     figures = compute_metrics(
         np.asarray(labels), np.asarray(predicted), predictions.classes, len(evaluation.worst_classes)
     )
-    if shipped_own and abs(figures["accuracy"] - (variant.served_accuracy or 0.0)) > 1e-9:
-        raise StageError(
-            f"models/manifest.json: {variant.name}'s served predictions and served accuracy disagree (a stale or "
-            "interrupted optimize): rerun `pipeline optimize`"
-        )
     classes = predictions.classes
     names = [Path(n).name for n in prepared.test_files] or [f"test image {i}" for i in range(len(labels))]
     train_counts = prepared.splits["train"].per_class
@@ -142,25 +142,25 @@ def build(
             crop=prepared.crop,
         ),
         evaluation=model_card.EvaluationFacts(
-            model=f"the shipped variant `{variant.name}`" if shipped_own else "the trained model",
+            model=f"the shipped variant `{variant.name}`",
             measured_on=evaluation.measured_on,
             images=figures["images"],
             accuracy=figures["accuracy"],
             accuracy_ci95=model_card.wilson_interval(figures["images"] - figures["errors"], figures["images"]),
-            roi_accuracy=variant.accuracy if shipped_own else evaluation.roi_accuracy,
+            roi_accuracy=evaluation.roi_accuracy,
             macro_f1=figures["macro_f1"],
             errors=figures["errors"],
             per_class=per_class,
             worst=worst,
-            trained_accuracy=evaluation.accuracy,
-            trained_roi_accuracy=evaluation.roi_accuracy,
-            trained_errors=evaluation.errors,
+            trained_accuracy=evaluation.trained_accuracy,
+            trained_roi_accuracy=evaluation.trained_roi_accuracy,
+            trained_errors=evaluation.trained_errors,
         ),
         shipped=_shipped(variant, choice, report, made_from(variant, manifest.variants, trained_macs)),
         failure_modes=_failure_modes(
             prepared,
             figures,
-            variant.accuracy if shipped_own else evaluation.roi_accuracy,
+            evaluation.roi_accuracy,
             labels,
             predicted,
             pairs,
@@ -221,7 +221,8 @@ def made_from(variant: Any, variants: list[Any], trained_macs: Any) -> str:
 def _shipped(
     variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any], made: str = ""
 ) -> model_card.ShippedFacts:
-    m = choice.metrics
+    # Speed figures are the benchmark's for its choice; a variant set by hand (containerize.variant) has none here.
+    m = choice.metrics if choice.variant == variant.name else {}
     default = benchmark_report.default_eager(report.get("results", []))
     speedup = (
         round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
@@ -240,7 +241,7 @@ def _shipped(
         served_accuracy=variant.served_accuracy,
         accuracy_drop_points=round(100 * variant.accuracy_drop, 2),
         made_from=made,
-        backend=choice.backend,
+        backend=choice.backend if choice.variant == variant.name else "onnxruntime",
         throughput_b32=m.get("throughput_b32"),
         p50_ms=m.get("p50_ms"),
         p99_ms=m.get("p99_ms"),

@@ -74,6 +74,9 @@ def base_for(config: ContainerizeConfig, arch: str, native: bool) -> str:
 
 def skipped(reason: str) -> None:
     image_file.write(image_file.ImageRecord(skipped=True, reason=reason))
+    # DVC declares the metrics file an output: a skipped build writes one too, or `dvc repro` fails here.
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / "metrics.json").write_text(json.dumps({"skipped": True}, indent=2) + "\n")
     log(f"containerize: skipped ({reason})")
 
 

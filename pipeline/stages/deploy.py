@@ -5,11 +5,10 @@ Targets (`deploy.target`):
 - `registry`: push it to `deploy.registry`, pull it back by digest, run what was pulled.
 Either way the container runs as in Kubernetes (read-only root, no capabilities). What users send: every
 original test file, whole, byte for byte as an OIP v2 BYTES tensor and re-encoded as PNG and JPEG through
-/v1/predict; the lossless paths must give, file for file, the class optimize recorded for the served variant
-(its served accuracy). The prepared crops also go through OIP as FP32 tensors (and a sample as PNG), and
-that accuracy must equal the evaluate stage's (within `deploy.accuracy_tolerance`; for an int8 variant, the
-accuracy the optimize stage recorded for it). Then
-the container is stopped (`docker stop`, timed) unless `deploy.keep_running`.
+/v1/predict (multipart); the lossless paths must give, file for file, the class the evaluate stage recorded for the
+shipped variant (its headline accuracy). The prepared crops also go through OIP as FP32 tensors (and a sample as PNG)
+and must give evaluate's class for every crop (its ROI-protocol accuracy). With `deploy.accuracy_tolerance` > 0 only
+the accuracies are compared, within it. Then the container is stopped (`docker stop`, timed) unless `deploy.keep_running`.
 Writes reports/deploy/smoke.json and reports/deploy/metrics.json.
 """
 
@@ -24,7 +23,6 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import image as image_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
-from pipeline.artifacts.variants import read_manifest
 from pipeline.client import encode, infer_files, predict_files, smoke_test
 from pipeline.config import Params
 from pipeline.console import Steps, log
@@ -115,6 +113,11 @@ def run(params: Params) -> None:
             f"{predictions_file.PREDICTIONS_PATH} is not for these test images ({len(evaluated.labels)} "
             f"predictions); run `pipeline evaluate` first"
         )
+    if (evaluated.variant, evaluated.model_version) != (image.variant, image.model_version):
+        raise StageError(
+            f"evaluate measured {evaluated.variant} ({evaluated.model_version}) but the image ships {image.variant} "
+            f"({image.model_version}): rerun `pipeline evaluate` (dvc repro does)"
+        )
     reference = evaluated.first(len(images))
 
     report: dict[str, Any] = {"skipped": False, "target": config.target, "image_id": image.id, "tag": image.tag}
@@ -158,17 +161,14 @@ def run(params: Params) -> None:
     variant = image.variant
     expected = reference.accuracy
     expected_source = f"evaluate ({predictions_file.PREDICTIONS_PATH})"
-    if variant != "fp32-onnx" and image.model_accuracy is not None and not config.smoke_images:
-        expected = float(image.model_accuracy)
-        expected_source = f"optimize's recorded accuracy of {variant}"
-    agreement = float(np.mean(np.asarray(reference.predicted) == np.asarray(result.predictions)))
+    tensor_differing = mismatches(result.predictions, reference.predicted)
     report |= {
         "images": result.images,
         "accuracy": result.accuracy,
         "expected_accuracy": expected,
         "expected_from": expected_source,
         "evaluate_accuracy": reference.accuracy,
-        "agreement_with_evaluate": agreement,
+        "agreement_with_evaluate": 1 - len(tensor_differing) / max(1, result.images),
         "png_checked": result.png_checked,
         "png_agree_with_tensor": result.png_agree,
         "smoke_seconds": round(result.seconds, 2),
@@ -176,22 +176,18 @@ def run(params: Params) -> None:
         "variant": variant,
     }
     served_expected = None
-    served_predicted: list[int] | None = None
-    differing: dict[str, list[int]] = {}
+    differing: dict[str, list[int]] = {"fp32_tensor": tensor_differing}
     if originals:
-        entry = read_manifest().variant(variant) if variant else None
-        if entry and not config.smoke_images:
-            served_expected, served_predicted = entry.served_accuracy, entry.served_predicted
-        if served_predicted is not None:
-            # Lossless paths must give optimize's answer for every file; JPEG is re-encoded, so only reported.
-            differing = {
-                kind: mismatches(originals["predicted"][kind], served_predicted) for kind in ("oip_bytes", "png")
-            }
+        if reference.served_predicted:
+            served_expected = reference.served_accuracy
+            # Lossless paths must give evaluate's answer for every file; JPEG is re-encoded, so only reported.
+            for kind in ("oip_bytes", "png"):
+                differing[kind] = mismatches(originals["predicted"][kind], reference.served_predicted)
         report |= {
             "original_files": {k: v for k, v in originals.items() if k != "predicted"},
             "expected_served_accuracy": served_expected,
-            "per_image_mismatches": differing,
         }
+    report["per_image_mismatches"] = differing
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics: dict[str, Any] = {k: report[k] for k in ("accuracy", "evaluate_accuracy", "ready_seconds") if k in report}
@@ -226,13 +222,14 @@ def run(params: Params) -> None:
         ):
             raise StageError(
                 f"smoke test failed: the original test files ({kind}, whole) score "
-                f"{originals[f'{kind}_accuracy']:.4f} through the API, {served_expected:.4f} in optimize's "
+                f"{originals[f'{kind}_accuracy']:.4f} through the API, {served_expected:.4f} in evaluate's "
                 f"measurement of {variant} (same files, same decode)"
             )
-        if differing.get(kind) and not config.accuracy_tolerance:
+    for kind, wrong in differing.items():
+        if wrong and not config.accuracy_tolerance:
             raise StageError(
-                f"smoke test failed: through the API ({kind}) {len(differing[kind])} original test files get another "
-                f"class than optimize recorded for {variant} (first: index {differing[kind][0]})"
+                f"smoke test failed: through the API ({kind}) {len(wrong)} test images get another class than "
+                f"evaluate recorded for {variant} (first: index {wrong[0]})"
             )
     if result.png_agree != result.png_checked:
         raise StageError(

@@ -1,12 +1,17 @@
-"""The evaluate stage: the trained model on the test split; a quality gate.
+"""The evaluate stage: the model that ships, on the test split, as users send it; a quality gate.
 
-Reads models/model.pt and data/prepared (test.npz and the test split's original files). The headline is what
-users get: the original files, whole, through the server's own decode + preprocess (`accuracy`); the ROI-protocol
-figure on the prepared crops (how papers report GTSRB) is `roi_accuracy` beside it.
-Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class accuracy, the worst classes), confusion.csv (one row per test image,
-`actual,predicted`: DVC's confusion plot), confusion.png, per_class.png, predictions.json (artifacts.predictions: what
-deploy's smoke test must reproduce through the API), and logs all of it to one MLflow run.
-`evaluate.min_accuracy` fails the stage (StageError) when the test accuracy is below it.
+It runs after the benchmark and measures what containerize puts into the image (`containerize.variant`; `auto` is
+the benchmark's choice, models/serving.json), opened by the server's own loader (pipeline.serve.model: the same
+runtime, session options and framing as `pipeline serve`). The headline `accuracy` is on the test split's original
+files, whole, through the server's decode + preprocess; `roi_accuracy` (the ROI protocol, how papers report
+GTSRB) on the prepared crops as the FP32 tensors deploy sends. The trained model (models/model.pt, torch eager) on
+the same two inputs is reported beside them (`trained_accuracy`, `trained_roi_accuracy`, `trained_errors`): what
+optimisation cost or gained.
+Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class accuracy, the worst classes),
+confusion.csv (one row per test image, `actual,predicted`: DVC's confusion plot), confusion.png, per_class.png,
+predictions.json (artifacts.predictions: the shipped file's class for every test image and file, which deploy's
+smoke test must get through the API, file for file), and logs all of it to one MLflow run.
+`evaluate.min_accuracy` fails the stage (StageError) when the shipped model's accuracy is below it.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from pipeline import console
-from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
-from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
+from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest, read_split
+from pipeline.client import fp32_tensor
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.metrics import compute_metrics
@@ -54,6 +60,12 @@ def served_predictions(model: Any, images: np.ndarray, batch_size: int) -> np.nd
             for i in range(0, len(images), batch_size)
         ]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def shipped_predictions(probabilities: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Class ids from the shipped model as the server runs it (ServedModel.probabilities), float32 [N,3,S,S]."""
+    out = [probabilities(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
 
 def headline_metrics(
@@ -121,6 +133,16 @@ def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any]
     plt.close(fig)
 
 
+def open_shipped(params: Params) -> Any:
+    """The variant the image ships, through the server's loader on ONNX Runtime (what the image runs)."""
+    from pipeline.serve.model import load_served_model
+    from pipeline.ship.context import choose_model
+
+    shipped = choose_model(MODELS_DIR, params.containerize.variant)
+    config = params.serve.model_copy(update={"variant": shipped.variant, "backend": "onnxruntime", "workers": 1})
+    return load_served_model(MODELS_DIR, config)
+
+
 def run(params: Params) -> None:
     import torch
 
@@ -134,23 +156,46 @@ def run(params: Params) -> None:
             f"{model_file.MODEL_PATH} was trained at {payload['arch']['image_size']} px but {PREPARED_DIR} holds "
             f"{manifest.image_size} px images: rerun `pipeline train`"
         )
+    shipped = open_shipped(params)
+    if shipped.image_size != manifest.image_size:
+        raise StageError(
+            f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
+            f"{manifest.image_size} px: rerun `pipeline optimize`"
+        )
     test = load_split("test")
     classes = list(payload.get("classes") or manifest.classes)
     if len(test) and int(test.labels.max()) >= len(classes):
         raise StageError(f"{PREPARED_DIR / 'test.npz'} has labels beyond the model's {len(classes)} classes")
-    with stage_run("evaluate", params, {"evaluate": cfg.model_dump(), "model": payload["arch"]}) as mlrun:
-        mlrun.set_tags({"torch": torch.__version__})
-        preds = predict(model, test.images, cfg.batch_size)
+    tags = {"evaluate": cfg.model_dump(), "model": payload["arch"], "variant": shipped.variant}
+    with stage_run("evaluate", params, tags) as mlrun:
+        mlrun.set_tags({"torch": torch.__version__, "variant": shipped.variant, "model_version": shipped.version})
         labels = test.labels.numpy()
         originals = served_test_inputs(PREPARED_DIR)
-        served = None if originals is None else served_predictions(model, originals[0], cfg.batch_size)
-        metrics = headline_metrics(labels, preds, served, classes, cfg.worst_classes)
-        write_reports(labels, preds if served is None else served, metrics, classes)
+        # The shipped file: the prepared crops as deploy's FP32 tensors, and the original files as the server decodes
+        roi = shipped_predictions(
+            shipped.probabilities, fp32_tensor(read_split("test", PREPARED_DIR).images), cfg.batch_size
+        )
+        served = None if originals is None else shipped_predictions(shipped.probabilities, originals[0], cfg.batch_size)
+        metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
+        # The trained model on the same inputs, beside it.
+        trained_roi = predict(model, test.images, cfg.batch_size)
+        trained = trained_roi if originals is None else served_predictions(model, originals[0], cfg.batch_size)
+        metrics = {
+            "variant": shipped.variant,
+            "model_version": shipped.version,
+            **metrics,
+            "trained_accuracy": float((trained == labels).mean()) if len(labels) else 0.0,
+            "trained_roi_accuracy": float((trained_roi == labels).mean()) if len(labels) else 0.0,
+            "trained_errors": int((trained != labels).sum()),
+        }
+        write_reports(labels, roi if served is None else served, metrics, classes)
         predictions_file.write(
             predictions_file.Predictions(
+                variant=shipped.variant,
+                model_version=shipped.version,
                 classes=classes,
                 labels=labels.tolist(),
-                predicted=preds.tolist(),
+                predicted=roi.tolist(),
                 served_predicted=[] if served is None else served.tolist(),
             )
         )
@@ -171,6 +216,8 @@ def run(params: Params) -> None:
         mlrun.log_metrics(
             {
                 "test_errors": metrics["errors"],
+                "trained_test_accuracy": metrics["trained_accuracy"],
+                "trained_test_roi_accuracy": metrics["trained_roi_accuracy"],
                 **({"whole_vs_roi_gap_points": metrics["whole_vs_roi_gap_points"]} if served is not None else {}),
             }
         )
@@ -179,15 +226,17 @@ def run(params: Params) -> None:
             mlrun.log_artifact(EVAL_REPORTS / name, "reports")
         worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
         console.log(
-            f"test accuracy {metrics['accuracy']:.4f} on {metrics['measured_on']} ({metrics['errors']} errors in "
-            f"{metrics['images']}), macro F1 {metrics['macro_f1']:.4f}; ROI crops {metrics['roi_accuracy']:.4f}"
+            f"{shipped.variant} (what the image ships): test accuracy {metrics['accuracy']:.4f} on "
+            f"{metrics['measured_on']} ({metrics['errors']} errors in {metrics['images']}), macro F1 "
+            f"{metrics['macro_f1']:.4f}; ROI crops {metrics['roi_accuracy']:.4f}; the trained model "
+            f"{metrics['trained_accuracy']:.4f} / {metrics['trained_roi_accuracy']:.4f}"
             + (f"; worst: {worst}" if worst else "")
         )
         mlrun.set_tags({"gate": "passed" if metrics["accuracy"] >= cfg.min_accuracy else "failed"})
     if metrics["accuracy"] < cfg.min_accuracy:
         raise StageError(
-            f"quality gate failed: test accuracy {metrics['accuracy']:.4f} ({metrics['measured_on']}) is below "
-            f"evaluate.min_accuracy "
+            f"quality gate failed: test accuracy {metrics['accuracy']:.4f} of {shipped.variant} "
+            f"({metrics['measured_on']}) is below evaluate.min_accuracy "
             f"{cfg.min_accuracy:.4f} ({metrics['errors']} of {metrics['images']} test images wrong; "
             f"see {EVAL_REPORTS / 'metrics.json'})"
         )

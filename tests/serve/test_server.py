@@ -194,7 +194,7 @@ def test_original_files_through_the_api_give_optimizes_served_answers_file_for_f
 ) -> None:
     """What users send (the original test files, whole, byte for byte) through tritonclient (OIP v2 BYTES) and
     through /v1/predict must give, per file, the class optimize recorded as the variant's served prediction:
-    the figure evaluate and optimize report is the one the API delivers. Fails if the server frames a file
+    the figure optimize's gate judged is the one the API delivers. Fails if the server frames a file
     differently (another crop or resize) from what the stages measured."""
     import tritonclient.http as triton
 
@@ -226,11 +226,7 @@ def test_original_files_through_the_api_give_optimizes_served_answers_file_for_f
     assert answers == variant.served_predicted
     labels = [f.label for f in originals]
     assert variant.served_accuracy == sum(a == b for a, b in zip(answers, labels, strict=True)) / len(labels)
-    # ... and evaluate's headline (the fp32 torch model on the same files through the same decode) is that figure.
-    evaluated = json.loads((tiny_project / "reports/evaluate/metrics.json").read_text())
-    written = json.loads((tiny_project / "reports/evaluate/predictions.json").read_text())
-    assert written["served_predicted"] == answers
-    assert evaluated["accuracy"] == variant.served_accuracy and evaluated["measured_on"] == "original files, whole"
+    # (evaluate's headline against the running server: tests/stages/test_evaluate.py)
 
 
 def test_v1_predict_multipart_and_json(server: Server) -> None:

@@ -1,5 +1,5 @@
 """Fixtures for the container tests (test_containerize.py, test_deploy.py): a Docker engine or a clean skip,
-a tiny project whose model went through the real train -> evaluate -> optimize stages, and its server
+a tiny project whose model went through the real train -> optimize -> benchmark -> evaluate stages, and its server
 image built once per session by the real containerize stage.
 
 The base image: $GTSRB_TEST_BASE_IMAGE, else a debootstrap image built by docker/base-image.sh (no
@@ -94,10 +94,10 @@ def ship_params(**sections: dict[str, Any]) -> Params:
 
 def make_project(root: Path) -> Path:
     """A project folder with data/prepared (tiny synthetic), models/ and reports/ from the real stages (prepare's
-    writer, then train, evaluate, optimize, benchmark, card), params.yaml."""
+    writer, then train, optimize, benchmark, evaluate, card), params.yaml."""
     import yaml
 
-    from pipeline.stages import evaluate, train
+    from pipeline.stages import benchmark, card, evaluate, optimize, train
     from tests.helpers.prepared import write_prepared
 
     root.mkdir(parents=True, exist_ok=True)
@@ -106,13 +106,9 @@ def make_project(root: Path) -> Path:
     write_prepared(root, sizes=(256, 43, 86), image_size=16, originals=True)
     with chdir(root):
         train.run(params)
-        evaluate.run(params)
-        from pipeline.stages import optimize
-
         optimize.run(params)
-        from pipeline.stages import benchmark, card
-
         benchmark.run(params)
+        evaluate.run(params)
         card.run(params)
     return root
 

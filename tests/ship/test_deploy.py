@@ -10,12 +10,14 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.client import http as request
 from pipeline.client import infer_fp32, predict_png
+from pipeline.errors import StageError
 from pipeline.ship import container
 from tests.ship.conftest import Image, chdir, docker
 
@@ -162,14 +164,35 @@ def test_deploy_stage_local(built_image: Image) -> None:
     assert report["accuracy"] == report["evaluate_accuracy"] and report["agreement_with_evaluate"] == 1.0
     assert report["png_agree_with_tensor"] == report["png_checked"] > 0
     # The original test files, whole, byte for byte as OIP v2 BYTES and as PNG through /v1/predict: exactly
-    # optimize's served measurement, file for file.
+    # evaluate's measurement of the shipped file, file for file (and the crops as FP32 tensors, crop for crop).
     originals = report["original_files"]
+    evaluated = json.loads((built_image.project / "reports" / "evaluate" / "metrics.json").read_text())
     assert originals["images"] == 86
     assert originals["png_accuracy"] == originals["oip_bytes_accuracy"] == report["expected_served_accuracy"]
-    assert report["per_image_mismatches"] == {"oip_bytes": [], "png": []}
+    assert (
+        report["expected_served_accuracy"] == evaluated["accuracy"] and report["accuracy"] == evaluated["roi_accuracy"]
+    )
+    assert report["per_image_mismatches"] == {"fp32_tensor": [], "oip_bytes": [], "png": []}
     assert 0.0 <= originals["jpeg_accuracy"] <= 1.0
     assert report["stop_seconds"] < 5 and report["exit_code"] == 0
     assert docker("ps", "-aq", "-f", f"name=^{report['container']}$").stdout.strip() == ""
+
+
+def test_deploy_refuses_an_evaluation_of_another_file(built_image: Image, tmp_path: Path) -> None:
+    """evaluate measured another file than the image ships (a stale record): deploy says so before it starts
+    anything, rather than comparing the API with figures of another model."""
+    import shutil
+
+    from pipeline.stages import deploy
+
+    work = tmp_path / "project"
+    shutil.copytree(built_image.project, work, symlinks=True)
+    path = work / "reports" / "evaluate" / "predictions.json"
+    record = json.loads(path.read_text())
+    record["model_version"] = "0" * 12
+    path.write_text(json.dumps(record))
+    with chdir(work), pytest.raises(StageError, match=r"evaluate measured .* but the image ships .*rerun"):
+        deploy.run(built_image.params)
 
 
 def test_push_pull_by_digest_and_run(

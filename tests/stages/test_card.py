@@ -41,17 +41,19 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
     assert "this model then trained on it too" in facts["data"]["validation"]
     assert "held out from this model" not in text and "this model then trained on it too" in text
 
-    # The card describes what the server answers: the shipped variant's own served predictions (optimize's record,
-    # which deploy reproduces through the API); evaluate's figures are the trained model's, beside them.
+    # The card describes what the server answers: evaluate measured the shipped variant (deploy reproduces its
+    # predictions through the API); the trained model's figures are beside them.
     e = facts["evaluation"]
     variant = next(v for v in manifest["variants"] if v["name"] == serving["variant"])
-    labels, served = predictions["labels"], variant["served_predicted"]
+    assert predictions["variant"] == evaluation["variant"] == variant["name"]
+    labels, served = predictions["labels"], predictions["served_predicted"]
     assert e["model"] == f"the shipped variant `{variant['name']}`"
-    assert e["accuracy"] == variant["served_accuracy"] and e["roi_accuracy"] == variant["accuracy"]
-    assert e["errors"] == sum(a != q for a, q in zip(labels, served, strict=True))
+    assert (e["accuracy"], e["roi_accuracy"]) == (evaluation["accuracy"], evaluation["roi_accuracy"])
+    assert e["accuracy"] == variant["served_accuracy"]  # optimize's record of the same file on the same files
+    assert e["errors"] == sum(a != q for a, q in zip(labels, served, strict=True)) == evaluation["errors"]
     assert e["images"] == evaluation["images"] and e["measured_on"] == evaluation["measured_on"]
     assert (e["trained_accuracy"], e["trained_roi_accuracy"], e["trained_errors"]) == (
-        evaluation["accuracy"], evaluation["roi_accuracy"], evaluation["errors"]
+        evaluation["trained_accuracy"], evaluation["trained_roi_accuracy"], evaluation["trained_errors"]
     )  # fmt: skip
     assert e["accuracy_ci95"][0] <= e["accuracy"] <= e["accuracy_ci95"][1]
     support = Counter(labels)
@@ -93,7 +95,7 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
 
     # The Markdown shows those same figures.
     assert f"**Served accuracy {100 * e['accuracy']:.2f} %** (95 % CI" in text and e["model"] in text
-    assert f"The trained model before optimisation (`pipeline evaluate`): {100 * e['trained_accuracy']:.2f} %" in text
+    assert f"The trained model before optimisation (same inputs): {100 * e['trained_accuracy']:.2f} %" in text
     assert f"{100 * e['accuracy_ci95'][0]:.2f} % to {100 * e['accuracy_ci95'][1]:.2f} %" in text
     assert f"`{s['variant']}`" in text and d["content_sha256"] in text
     assert s["made_from"] == "The trained model's own weights." and s["made_from"] in text  # no pruning here
@@ -182,59 +184,21 @@ def test_the_card_says_how_a_pruned_network_was_made() -> None:
     assert card.made_from(variants[1], variants, 77_277_952) == "The trained model's own weights."
 
 
-def _ship_one_more_error(project: Path, consistent: bool) -> tuple[str, float]:
-    """Make the shipped variant's recorded served predictions one error worse than the trained model's (as a
-    pruned network's can be); with `consistent` false its served_accuracy is left as it was (a stale record)."""
-    path = project / "models/manifest.json"
-    manifest = _json(path)
-    shipped = _json(project / "models/serving.json")["variant"]
-    labels = _json(project / "reports/evaluate/predictions.json")["labels"]
-    variant = next(v for v in manifest["variants"] if v["name"] == shipped)
-    served = variant["served_predicted"]
-    i = next(i for i, (a, q) in enumerate(zip(labels, served, strict=True)) if a == q)
-    served[i] = (labels[i] + 1) % len(manifest["classes"])
-    accuracy = sum(a == q for a, q in zip(labels, served, strict=True)) / len(labels)
-    if consistent:
-        variant["served_accuracy"] = accuracy
-    path.write_text(json.dumps(manifest))
-    return shipped, accuracy
-
-
-def test_the_card_headlines_the_shipped_variant_not_the_trained_model(project_copy: Path) -> None:
-    shipped, accuracy = _ship_one_more_error(project_copy, consistent=True)
-    card.run(load_params(project_copy / "params.yaml"))
-    e = _json(project_copy / "reports/model_card.json")["evaluation"]
-    trained = _json(project_copy / "reports/evaluate/metrics.json")
-    assert e["accuracy"] == accuracy and e["errors"] == trained["errors"] + 1
-    assert (e["trained_accuracy"], e["trained_errors"]) == (trained["accuracy"], trained["errors"])
-    text = (project_copy / "reports/model_card.md").read_text()
-    assert f"**Served accuracy {100 * accuracy:.2f} %** (95 % CI" in text and f"`{shipped}`" in text
-    assert f"{100 * (1 - accuracy):.2f} % of the test images are misclassified" in text
-
-
-def test_a_stale_variant_record_is_refused(project_copy: Path) -> None:
-    _ship_one_more_error(project_copy, consistent=False)
-    with pytest.raises(
-        StageError, match=r"served predictions and served accuracy disagree .*rerun `pipeline optimize`"
-    ):
+def test_an_evaluation_of_another_file_is_refused(project_copy: Path) -> None:
+    """evaluate measured an older file of the variant (optimize ran again since): the card is not made from it."""
+    for name in ("metrics.json", "predictions.json"):
+        path = project_copy / "reports/evaluate" / name
+        record = _json(path)
+        record["model_version"] = "0" * 12
+        path.write_text(json.dumps(record))
+    with pytest.raises(StageError, match=r"evaluate measured another .* file .*rerun `pipeline evaluate`"):
         card.run(load_params(project_copy / "params.yaml"))
 
 
-def test_without_the_variants_served_record_the_card_says_it_shows_the_trained_model(project_copy: Path) -> None:
-    """Prepared data without original files: optimize records no served predictions; the card then shows evaluate's
-    figures and names whose they are, instead of passing them off as the shipped variant's."""
-    path = project_copy / "models/manifest.json"
-    manifest = _json(path)
-    shipped = _json(project_copy / "models/serving.json")["variant"]
-    variant = next(v for v in manifest["variants"] if v["name"] == shipped)
-    variant["served_predicted"], variant["served_accuracy"] = None, None
-    path.write_text(json.dumps(manifest))
-    card.run(load_params(project_copy / "params.yaml"))
-    e = _json(project_copy / "reports/model_card.json")["evaluation"]
-    trained = _json(project_copy / "reports/evaluate/metrics.json")
-    assert e["model"] == "the trained model"
-    assert (e["accuracy"], e["roi_accuracy"], e["errors"]) == (
-        trained["accuracy"], trained["roi_accuracy"], trained["errors"]
-    )  # fmt: skip
-    text = (project_copy / "reports/model_card.md").read_text()
-    assert "of the trained model on" in text and "before optimisation" not in text
+def test_a_record_of_another_variant_is_refused(project_copy: Path) -> None:
+    path = project_copy / "reports/evaluate/predictions.json"
+    record = _json(path)
+    record["variant"] = "fp32"
+    path.write_text(json.dumps(record))
+    with pytest.raises(StageError, match=r"disagree .*rerun `pipeline evaluate`"):
+        card.run(load_params(project_copy / "params.yaml"))

@@ -1,104 +1,149 @@
-"""The evaluate stage: metrics, reports and the quality gate's message."""
+"""The evaluate stage: it measures the variant the image ships, through the server's code; reports and the gate."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
-import torch
+import yaml
 
-from pipeline import nets
-from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
+from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
 from pipeline.stages import evaluate
-from tests.helpers.params import train_params
-from tests.helpers.prepared import write_prepared
+from tests.helpers.server import start_server
 
 
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    write_prepared(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def project(benchmarked_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the benchmarked tiny project (models, serving.json, prepared data with original files)."""
+    work = tmp_path / "project"
+    shutil.copytree(benchmarked_project, work, symlinks=True)
+    shutil.rmtree(work / "reports" / "evaluate")
+    monkeypatch.chdir(work)
+    return work
 
 
-def save_untrained_model(root: Path) -> None:
-    torch.manual_seed(0)
-    model = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=8)
-    arch = nets.arch_kwargs("signnet", 16, width=8)
-    classes = [f"class {i}" for i in range(43)]
-    model_file.write(root / model_file.MODEL_PATH, arch, [0.5] * 3, [0.25] * 3, classes, model.state_dict())
+def params_of(work: Path, **evaluate_settings: object) -> Params:
+    raw = yaml.safe_load((work / "params.yaml").read_text())
+    raw["evaluate"] = raw.get("evaluate", {}) | evaluate_settings
+    return parse_params(raw)
 
 
-def test_reports_and_gate_failure_message(project: Path) -> None:
-    save_untrained_model(project)
-    raw = train_params().model_dump(mode="json")
-    raw["evaluate"] = {"min_accuracy": 0.99, "worst_classes": 3, "batch_size": 64}
-    params = type(train_params()).model_validate(raw)
-    with pytest.raises(StageError) as failure:
-        evaluate.run(params)
-    message = str(failure.value)
-    assert message.startswith("quality gate failed: test accuracy 0.")
-    assert "is below evaluate.min_accuracy 0.9900" in message and "\n" not in message
+def test_it_measures_the_shipped_variant_through_the_servers_loader_and_decode(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The headline is the benchmark's chosen variant (what containerize ships) on the test split's original files,
+    whole, decoded by the very function the server decodes requests with, run by the server's model loader."""
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.serve import model as served_model
+    from pipeline.serve import protocol
+
+    decoded: list[tuple[bytes, object]] = []
+    server_decode = protocol.decode_images
+
+    def spy_decode(images: list[tuple[bytes, object]], *args: object) -> np.ndarray:
+        decoded.extend(images)
+        return server_decode(images, *args)  # type: ignore[arg-type]
+
+    loaded: list[str] = []
+    server_loader = served_model.load_served_model
+
+    def spy_loader(models: Path, config: object) -> served_model.ServedModel:
+        opened = server_loader(models, config)  # type: ignore[arg-type]
+        loaded.append(opened.variant)
+        return opened
+
+    monkeypatch.setattr(protocol, "decode_images", spy_decode)
+    monkeypatch.setattr(served_model, "load_served_model", spy_loader)
+    evaluate.run(params_of(project))
+    shipped = json.loads((project / "models/serving.json").read_text())["variant"]
+    originals = read_test_files(project / "data" / "prepared")
+    assert loaded == [shipped]
+    assert decoded == [(f.read_bytes(), None) for f in originals]
     metrics = json.loads((project / "reports/evaluate/metrics.json").read_text())
-    assert set(metrics) >= {"accuracy", "macro_f1", "per_class", "worst_classes"}
-    assert len(metrics["worst_classes"]) == 3
+    written = predictions_file.read(project / predictions_file.PREDICTIONS_PATH)
+    manifest = json.loads((project / "models/manifest.json").read_text())
+    sha = next(v["sha256"] for v in manifest["variants"] if v["name"] == shipped)
+    assert (
+        (metrics["variant"], metrics["model_version"])
+        == (written.variant, written.model_version)
+        == (shipped, sha[:12])
+    )
+    served = np.asarray(written.served_predicted)
+    labels = np.asarray(written.labels)
+    assert len(served) == len(originals) == metrics["images"] > 0
+    assert metrics["measured_on"] == "original files, whole"
+    assert metrics["accuracy"] == float((served == labels).mean()) == written.served_accuracy
+    assert metrics["roi_accuracy"] == float((np.asarray(written.predicted) == labels).mean())
+    assert metrics["whole_vs_roi_gap_points"] == round(100 * (metrics["roi_accuracy"] - metrics["accuracy"]), 4)
+    assert 0 <= metrics["trained_accuracy"] <= 1 and 0 <= metrics["trained_roi_accuracy"] <= 1
     rows = (project / "reports/evaluate/confusion.csv").read_text().splitlines()
-    assert rows[0] == "actual,predicted" and len(rows) == 1 + 86
-    written = predictions_file.read(project / predictions_file.PREDICTIONS_PATH)  # what deploy must reproduce
-    assert len(written.predicted) == 86 and written.accuracy == metrics["accuracy"]
-    assert [
-        f"{written.classes[a]},{written.classes[p]}" for a, p in zip(written.labels, written.predicted, strict=True)
-    ] == rows[1:]
+    assert rows[0] == "actual,predicted" and rows[1:] == [
+        f"{written.classes[a]},{written.classes[p]}" for a, p in zip(labels, served, strict=True)
+    ]
     assert (project / "reports/evaluate/confusion.png").stat().st_size > 0
     assert (project / "reports/evaluate/per_class.png").stat().st_size > 0
 
 
-def test_gate_passes_when_met(project: Path) -> None:
-    save_untrained_model(project)
-    evaluate.run(train_params())  # min_accuracy 0: reports written, no error
-    assert (project / "reports/evaluate/metrics.json").exists()
+def test_its_figures_are_what_the_running_server_answers_file_for_file(project: Path, tmp_path: Path) -> None:
+    """`pipeline serve` with the defaults (serve.variant auto) asked with the original files by a plain HTTP client
+    (multipart, as curl -F sends them) gives evaluate's class for every file: its accuracy is evaluate's headline."""
+    from pipeline.artifacts.prepared import read_test_files
+
+    evaluate.run(params_of(project))
+    written = predictions_file.read(project / predictions_file.PREDICTIONS_PATH)
+    server = start_server(project / "models", tmp_path, {"variant": "auto"})
+    try:
+        answers = []
+        for f in read_test_files(project / "data" / "prepared"):
+            reply = httpx.post(f"{server.url}/v1/predict", files=[("files", (f.path.name, f.read_bytes()))])
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json()["predictions"][0]["top_k"][0]["class_id"])
+        assert httpx.get(f"{server.url}/v2/models/gtsrb").json()["versions"] == [written.model_version]
+    finally:
+        server.stop()
+    assert answers == written.served_predicted
+    metrics = json.loads((project / "reports/evaluate/metrics.json").read_text())
+    assert metrics["accuracy"] == sum(a == b for a, b in zip(answers, written.labels, strict=True)) / len(answers)
+
+
+def test_an_explicit_containerize_variant_is_what_it_measures(project: Path) -> None:
+    manifest = json.loads((project / "models/manifest.json").read_text())
+    onnx = [v["name"] for v in manifest["variants"] if v["format"] == "onnx" and v["accepted"]]
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw.setdefault("containerize", {})["variant"] = onnx[-1]
+    evaluate.run(parse_params(raw))
+    assert json.loads((project / "reports/evaluate/metrics.json").read_text())["variant"] == onnx[-1]
+    raw["containerize"]["variant"] = "no-such-variant"
+    with pytest.raises(StageError, match=r"containerize\.variant 'no-such-variant' is not in the manifest"):
+        evaluate.run(parse_params(raw))
+
+
+def test_gate_failure_message_names_the_shipped_variant(project: Path) -> None:
+    evaluate.run(params_of(project))
+    measured = json.loads((project / "reports/evaluate/metrics.json").read_text())["accuracy"]
+    assert measured < 1.0  # the tiny model is not perfect: a gate just above its figure fails
+    with pytest.raises(StageError) as failure:
+        evaluate.run(params_of(project, min_accuracy=min(1.0, measured + 0.001)))
+    message = str(failure.value)
+    shipped = json.loads((project / "models/serving.json").read_text())["variant"]
+    assert message.startswith(f"quality gate failed: test accuracy {measured:.4f} of {shipped} (original files, whole)")
+    assert "is below evaluate.min_accuracy" in message and "\n" not in message
+
+
+def test_without_the_benchmarks_choice_it_refuses_in_one_line(project: Path) -> None:
+    (project / "models/serving.json").unlink()
+    with pytest.raises(StageError, match=r"serving\.json") as failure:
+        evaluate.run(params_of(project))
+    assert "\n" not in str(failure.value)
 
 
 def test_missing_model_is_a_stage_error(project: Path) -> None:
+    (project / "models/model.pt").unlink()
     with pytest.raises(StageError, match="run `pipeline train` first"):
-        evaluate.run(train_params())
-
-
-def test_served_accuracy_is_measured_on_the_original_files_through_the_servers_decode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """evaluate's served figure comes from the test split's original files, whole (no box), through the very
-    function the server decodes requests with; nothing else feeds it."""
-    from pipeline.artifacts.prepared import read_test_files
-    from pipeline.serve import protocol
-
-    write_prepared(tmp_path, originals=True)
-    monkeypatch.chdir(tmp_path)
-    save_untrained_model(tmp_path)
-    seen: list[tuple[bytes, object]] = []
-    server_decode = protocol.decode_images
-
-    def spy(images: list[tuple[bytes, object]], *args: object) -> np.ndarray:
-        seen.extend(images)
-        return server_decode(images, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(protocol, "decode_images", spy)
-    evaluate.run(train_params())
-    originals = read_test_files(tmp_path / "data" / "prepared")
-    assert seen == [(f.read_bytes(), None) for f in originals]
-    metrics = json.loads((tmp_path / "reports/evaluate/metrics.json").read_text())
-    written = predictions_file.read(tmp_path / predictions_file.PREDICTIONS_PATH)
-    served = np.asarray(written.served_predicted)
-    # The headline (and the gate) is the served figure; the ROI-protocol one is reported beside it.
-    assert len(served) == len(originals) == metrics["images"] == 86
-    assert metrics["measured_on"] == "original files, whole"
-    assert metrics["accuracy"] == float((served == np.asarray(written.labels)).mean())
-    assert metrics["roi_accuracy"] == float((np.asarray(written.predicted) == np.asarray(written.labels)).mean())
-    assert metrics["whole_vs_roi_gap_points"] == round(100 * (metrics["roi_accuracy"] - metrics["accuracy"]), 4)
-    with pytest.raises(StageError, match=r"quality gate failed: test accuracy .* \(original files, whole\)"):
-        params = train_params()
-        evaluate.run(params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"min_accuracy": 0.99})}))
+        evaluate.run(params_of(project))
