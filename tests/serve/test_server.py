@@ -341,6 +341,24 @@ def test_concurrent_requests_are_batched(server: Server) -> None:
     assert "inference_request_latency_seconds_bucket" in after and "inference_queue_images" in after
 
 
+def test_the_inference_routes_shortcut_keeps_the_routers_answers(server: Server) -> None:
+    """The inference routes skip the router (serve.app.HotRoutes): other methods still get the router's 405,
+    client mistakes the same JSON 4xx, and each answer is counted under its route's template."""
+    assert httpx.get(f"{server.url}/v1/predict").status_code == 405
+    assert httpx.get(f"{server.url}/v2/models/gtsrb/infer").status_code == 405
+    wrong = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []})
+    assert wrong.status_code == 404 and "unknown model 'nope'" in wrong.json()["error"]
+    bad = httpx.post(f"{server.url}/v1/predict", content=b"x", headers={"Content-Type": "text/plain"})
+    assert bad.status_code == 415 and bad.json()["error"].startswith("unsupported content type")
+    broken = httpx.post(
+        f"{server.url}/v2/models/gtsrb/infer", content=b"{", headers={"Content-Type": "application/json"}
+    )
+    assert broken.status_code == 400 and "error" in broken.json()
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'inference_requests_total{route="/v2/models/{name}/infer",status="404"} 1.0' in metrics
+    assert 'inference_requests_total{route="/v1/predict",status="415"} 1.0' in metrics
+
+
 def test_full_queue_answers_503_with_retry_after(models_dir: Path, tmp_path: Path) -> None:
     server = start_server(
         models_dir, tmp_path, {"max_queue_images": 1, "max_batch_size": 1, "max_images_per_request": 1}
