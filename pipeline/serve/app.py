@@ -340,8 +340,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
 
     async def run_model(images: np.ndarray) -> np.ndarray:
         try:
-            async with asyncio.timeout(config.request_timeout_s):
-                probabilities = await batcher.infer(images)
+            probabilities = await batcher.infer(images, config.request_timeout_s)
             metrics.images.inc(len(images))  # classified ones only: refused or timed-out requests do not count
             return probabilities
         except QueueFull:

@@ -54,6 +54,13 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _expire(futures: list[asyncio.Future[np.ndarray]]) -> None:
+    """A request's time is up: its jobs fail with TimeoutError (the worker skips them if still queued)."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(TimeoutError())
+
+
 class DynamicBatcher:
     def __init__(
         self,
@@ -93,8 +100,9 @@ class DynamicBatcher:
         """False once the worker task has ended (crashed): liveness then fails and the orchestrator restarts us."""
         return self._worker is not None and not self._worker.done()
 
-    async def infer(self, images: np.ndarray) -> np.ndarray:
-        """Model outputs for `images` [N, ...]; large requests are split into several batches."""
+    async def infer(self, images: np.ndarray, timeout_s: float | None = None) -> np.ndarray:
+        """Model outputs for `images` [N, ...]; large requests are split into several batches. After `timeout_s`
+        a TimeoutError: one timer handle, no context manager around the await."""
         if self._draining:
             raise Draining()
         if self._queued_images + len(images) > self.max_queue_images:
@@ -112,12 +120,15 @@ class DynamicBatcher:
         if wakeup is not None and not wakeup.done() and self._queued_images >= self._wake_at:
             wakeup.set_result(None)
         self._in_flight += 1
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, [job.future for job in jobs])
         try:
             if len(jobs) == 1:
                 return await jobs[0].future
             results = await asyncio.gather(*(job.future for job in jobs))
         finally:
             self._in_flight -= 1
+            if timer is not None:
+                timer.cancel()
         return np.concatenate(results)
 
     async def _wait(self, wake_at: int, timeout_s: float | None) -> None:

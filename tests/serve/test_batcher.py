@@ -102,6 +102,29 @@ def test_full_queue_refuses_new_work() -> None:
     asyncio.run(main())
 
 
+def test_a_request_past_its_timeout_fails_alone_and_is_not_computed() -> None:
+    """The server's 504: the slow batch holds the worker; a request queued behind it times out with TimeoutError,
+    is skipped when its turn comes, and the batcher serves the next request normally."""
+
+    async def main() -> None:
+        model = Recorder(delay_s=0.3)
+        batcher = await _with_batcher(model, max_batch_size=1, max_delay_s=0.0)
+        slow = asyncio.ensure_future(batcher.infer(_batches(1)[0]))
+        await asyncio.sleep(0.05)  # the worker is computing it
+        started = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            await batcher.infer(np.full((1, 4), 7, dtype=np.float32), timeout_s=0.05)
+        assert time.perf_counter() - started < 0.25
+        assert (await slow).shape == (1, 3)
+        answer = await batcher.infer(np.full((1, 4), 2, dtype=np.float32), timeout_s=5.0)
+        assert answer.tolist() == (np.full((1, 4), 2, dtype=np.float32) @ model.weights).tolist()
+        assert model.sizes == [1, 1]  # the timed-out request never reached the model
+        assert batcher.queued_images == 0
+        await batcher.drain(1.0)
+
+    asyncio.run(main())
+
+
 def test_drain_finishes_queued_work_then_refuses() -> None:
     async def main() -> None:
         model = Recorder(delay_s=0.05)
