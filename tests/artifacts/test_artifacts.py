@@ -207,11 +207,24 @@ def test_serving_choice_missing_valid_and_foreign(tmp_path: Path) -> None:
 
 
 def test_predictions_and_image_record(tmp_path: Path) -> None:
-    record = predictions.Predictions(classes=["a", "b"], labels=[0, 1, 1], predicted=[0, 1, 0])
+    record = predictions.Predictions(
+        variant="int8-onnx",
+        model_version="0123456789ab",
+        classes=["a", "b"],
+        labels=[0, 1, 1],
+        predicted=[0, 1, 0],
+        served_predicted=[0, 0, 0],
+    )
     path = predictions.write(record, tmp_path / "predictions.json")
     assert predictions.read(path).accuracy == pytest.approx(2 / 3)
-    assert predictions.read(path).first(2).accuracy == 1.0
-    path.write_text(json.dumps({"classes": ["a"], "labels": [0, 0], "predicted": [0]}))
+    assert predictions.read(path).served_accuracy == pytest.approx(1 / 3)
+    first = predictions.read(path).first(2)
+    assert (first.accuracy, first.served_accuracy, first.variant, first.model_version) == (
+        1.0, 0.5, "int8-onnx", "0123456789ab"
+    )  # fmt: skip
+    path.write_text(
+        json.dumps({"variant": "x", "model_version": "y", "classes": ["a"], "labels": [0, 0], "predicted": [0]})
+    )
     with pytest.raises(StageError, match=r"2 labels but 1 predictions"):
         predictions.read(path)
     with pytest.raises(StageError, match=r"run `pipeline containerize` first"):

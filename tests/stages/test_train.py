@@ -66,6 +66,11 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
     params = train_params()  # validation held out: how recipes are chosen
     raw = params.model_dump(mode="json")
     raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
+    # Brief optimize and benchmark settings: evaluate (below) measures the variant the benchmark chose.
+    raw["optimize"] = {"prune_amount": 0.0, "finetune_epochs": 0, "int8_torch": False, "bf16": "off",
+                       "calibration_images": 64, "max_accuracy_drop": 1.0}  # fmt: skip
+    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                        "backends": ["onnxruntime"], "max_accuracy_drop": 1.0, "profile": False}  # fmt: skip
     write_params_yaml(project / "params.yaml", parse_params(raw))
     result = CliRunner().invoke(app, ["train", "-p", "params.yaml"])
     assert result.exit_code == 0, result.output
@@ -97,8 +102,9 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert "model/model.pt" in artifacts
 
-    result = CliRunner().invoke(app, ["evaluate", "-p", "params.yaml"])
-    assert result.exit_code == 0, result.output
+    for stage in ("optimize", "benchmark", "evaluate"):
+        result = CliRunner().invoke(app, [stage, "-p", "params.yaml"])
+        assert result.exit_code == 0, result.output
     assert (project / "reports/evaluate/metrics.json").exists()
     # evaluate, a separate command, joined the same parent and rolled its headline up to it.
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
