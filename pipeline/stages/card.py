@@ -222,7 +222,8 @@ def _shipped(
     variant: Any, choice: serving_file.ServingChoice, report: dict[str, Any], made: str = ""
 ) -> model_card.ShippedFacts:
     # Speed figures are the benchmark's for its choice; a variant set by hand (containerize.variant) has none here.
-    m = choice.metrics if choice.variant == variant.name else {}
+    benchmarked = choice.variant == variant.name
+    m = choice.metrics if benchmarked else {}
     default = benchmark_report.default_eager(report.get("results", []))
     speedup = (
         round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
@@ -241,7 +242,7 @@ def _shipped(
         served_accuracy=variant.served_accuracy,
         accuracy_drop_points=round(100 * variant.accuracy_drop, 2),
         made_from=made,
-        backend=choice.backend if choice.variant == variant.name else "onnxruntime",
+        backend=choice.backend if benchmarked else "onnxruntime",
         throughput_b32=m.get("throughput_b32"),
         p50_ms=m.get("p50_ms"),
         p99_ms=m.get("p99_ms"),

@@ -50,22 +50,22 @@ def predict(model: Any, images: Any, batch_size: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def served_predictions(model: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
-    """Class ids of the original test files as the server decoded them (pipeline.served), in batches."""
+def classes_of(logits: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Class ids of float32 [N,3,S,S] images, in batches: `logits` is the shipped model as the server runs it
+    (ServedModel.probabilities) or the trained torch model (`torch_logits`)."""
+    out = [logits(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+
+
+def torch_logits(model: Any) -> Any:
+    """The trained torch model as a numpy function, without autograd."""
     import torch
 
-    with torch.no_grad():
-        out = [
-            model(torch.from_numpy(images[i : i + batch_size])).argmax(1).numpy()
-            for i in range(0, len(images), batch_size)
-        ]
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    def logits(images: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(images)).numpy()
 
-
-def shipped_predictions(probabilities: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
-    """Class ids from the shipped model as the server runs it (ServedModel.probabilities), float32 [N,3,S,S]."""
-    out = [probabilities(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
-    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+    return logits
 
 
 def headline_metrics(
@@ -146,7 +146,7 @@ def open_shipped(params: Params) -> Any:
 def run(params: Params) -> None:
     import torch
 
-    from pipeline.data.loader import load_split
+    from pipeline.data.loader import Split
 
     cfg = params.evaluate
     model, payload = model_file.read()
@@ -162,7 +162,8 @@ def run(params: Params) -> None:
             f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
             f"{manifest.image_size} px: rerun `pipeline optimize`"
         )
-    test = load_split("test")
+    arrays = read_split("test", PREPARED_DIR)
+    test = Split.of(arrays)
     classes = list(payload.get("classes") or manifest.classes)
     if len(test) and int(test.labels.max()) >= len(classes):
         raise StageError(f"{PREPARED_DIR / 'test.npz'} has labels beyond the model's {len(classes)} classes")
@@ -172,14 +173,12 @@ def run(params: Params) -> None:
         labels = test.labels.numpy()
         originals = served_test_inputs(PREPARED_DIR)
         # The shipped file: the prepared crops as deploy's FP32 tensors, and the original files as the server decodes
-        roi = shipped_predictions(
-            shipped.probabilities, fp32_tensor(read_split("test", PREPARED_DIR).images), cfg.batch_size
-        )
-        served = None if originals is None else shipped_predictions(shipped.probabilities, originals[0], cfg.batch_size)
+        roi = classes_of(shipped.probabilities, fp32_tensor(arrays.images), cfg.batch_size)
+        served = None if originals is None else classes_of(shipped.probabilities, originals[0], cfg.batch_size)
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
         # The trained model on the same inputs, beside it.
         trained_roi = predict(model, test.images, cfg.batch_size)
-        trained = trained_roi if originals is None else served_predictions(model, originals[0], cfg.batch_size)
+        trained = trained_roi if originals is None else classes_of(torch_logits(model), originals[0], cfg.batch_size)
         metrics = {
             "variant": shipped.variant,
             "model_version": shipped.version,
