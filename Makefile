@@ -51,6 +51,7 @@ env: .venv/.synced
 env-light: .venv-light/.synced
 
 pipeline: env
+	scripts/raw-data.sh
 	$(UV) run --frozen dvc repro $(STAGE)
 
 lint: env

@@ -11,7 +11,7 @@ import yaml
 
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
-from tests.helpers.project import make_project, run, tiny_pipeline_params
+from tests.helpers.project import make_project, run, tiny_pipeline_params, use_gtsrb
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +45,60 @@ def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, di
         assert npz["images"].shape[1:] == (24, 24, 3)
     metrics = run([*dvc, "metrics", "show"], work, env)
     assert "test_images" in metrics
+
+
+def test_the_raw_data_is_a_dependency_one_added_image_reruns_prepare(
+    project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A user's folder (a real data set that is not GTSRB): after `dvc repro prepare`, adding one image, then
+    changing one, makes `dvc status` report prepare changed, and `dvc repro` re-runs it on the new data."""
+    from PIL import Image
+
+    from tests.helpers.digits import write_digits_folder
+
+    work, env = project
+    env = {k: v for k, v in env.items() if k != "GTSRB_ROOT"}
+    digits = write_digits_folder(tmp_path / "digits")
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["data"].update({"source": "folder", "root": str(digits), "download": False, "image_size": 8})
+    params["tracking"]["enabled"] = False
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    dvc = [sys.executable, "-m", "dvc"]
+    run([*dvc, "repro", "prepare"], work, env)
+    assert "Data and pipelines are up to date" in run([*dvc, "status", "prepare"], work, env)
+
+    def images() -> int:
+        manifest = yaml.safe_load((work / "data/prepared/manifest.json").read_text())
+        return sum(int(split["count"]) for split in manifest["splits"].values())
+
+    before = images()
+    added = Image.open(digits / "3" / sorted(os.listdir(digits / "3"))[0]).copy()
+    added.putpixel((0, 0), 128)  # a new image, not a byte-equal copy (prepare leaves those out)
+    added.save(digits / "3" / "added.png")
+    status = run([*dvc, "status", "prepare"], work, env)
+    assert "changed deps" in status and str(digits) in status, status
+    assert "Running stage 'prepare'" in run([*dvc, "repro", "prepare"], work, env)
+    assert images() == before + 1
+    assert "Data and pipelines are up to date" in run([*dvc, "status", "prepare"], work, env)
+
+    one = digits / "7" / sorted(os.listdir(digits / "7"))[0]  # a changed image (relabelled pixels): stale again
+    Image.new("L", (8, 8), 255).save(one)
+    assert "changed deps" in run([*dvc, "status", "prepare"], work, env)
+    assert "Running stage 'prepare'" in run([*dvc, "repro", "prepare"], work, env)
+
+
+def test_gtsrb_root_elsewhere_than_the_tracked_folder_is_refused_under_dvc(
+    project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """$GTSRB_ROOT naming another copy than data/raw (what dvc.yaml tracks) would make DVC blind to its changes:
+    prepare refuses in one line that says how to link it."""
+    work, env = project
+    env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "elsewhere")))
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro", "prepare"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode != 0
+    line = next(x for x in (result.stdout + result.stderr).splitlines() if "is not the data DVC tracks" in x)
+    assert "scripts/raw-data.sh" in line and "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs the project's git checkout")
@@ -102,7 +156,7 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
     import time
 
     work, env = project
-    env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "synthetic")))
+    env = use_gtsrb(work, env, write_synthetic_gtsrb(tmp_path / "synthetic"))
     tiny_pipeline_params(work)
     dvc = [sys.executable, "-m", "dvc"]
     run([*dvc, "repro", "card"], work, env)

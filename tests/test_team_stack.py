@@ -61,6 +61,9 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     tiny_pipeline_params(work)
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["tracking"]["enabled"] = True
+    # Queued experiments run in a fresh copy of the commit, without the git-ignored data/raw link: the raw data
+    # is named by its absolute path there (or `dvc add`ed), as a user's sweep does it
+    params["data"]["root"] = str(Path(env["GTSRB_ROOT"]).resolve())
     params["train"]["train_on_val"] = False  # a sweep chooses a recipe: validation held out, val_accuracy reported
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
     (work / "params.yaml").write_text(yaml.safe_dump(params))

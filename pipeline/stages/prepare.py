@@ -33,7 +33,7 @@ from pipeline.artifacts.prepared import (
     SplitInfo,
     content_sha256,
 )
-from pipeline.config import DataConfig, Params
+from pipeline.config import GTSRB_ROOT_ENV, DataConfig, Params
 from pipeline.console import log, progress
 from pipeline.data import gtsrb
 from pipeline.data.listing import Listing, SignFile, list_csv, list_folder
@@ -248,8 +248,24 @@ def write_reports(
     return metrics
 
 
+DVC_STAGE_ENV = "DVC_STAGE"  # set by DVC for every stage command it runs
+
+
+def check_tracked_root(config: DataConfig) -> None:
+    """Under DVC, the raw data read must be the folder dvc.yaml tracks (`${data.root}`): $GTSRB_ROOT pointing
+    elsewhere would make `dvc status` blind to added, removed or changed images, so it is refused in one line."""
+    read, tracked = config.resolved_root(), config.root
+    if os.environ.get(DVC_STAGE_ENV) and read.resolve() != tracked.resolve():
+        raise StageError(
+            f"{GTSRB_ROOT_ENV}={read} is not the data DVC tracks (data.root: {tracked}), so adding or changing an "
+            f"image would not re-run prepare: link it there (`scripts/raw-data.sh`, which `make pipeline` runs: "
+            f"ln -s {read} {tracked}) or set data.root to it"
+        )
+
+
 def run(params: Params) -> None:
     config = params.data
+    check_tracked_root(config)
     with stage_run("prepare", params, {"data": config.model_dump(mode="json")}) as tracker:
         listing = list_source(config)
         for name, why in listing.ignored[:20]:

@@ -30,11 +30,23 @@ def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     root = os.environ.get("GTSRB_ROOT") or str(write_synthetic_gtsrb(tmp_path / "raw"))
     venv_bin = str(Path(sys.executable).parent)
-    env = dict(os.environ, GTSRB_ROOT=root, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
     env.pop("MLFLOW_TRACKING_URI", None)
+    env = use_gtsrb(work, env, Path(root))
     run(["git", "init", "-q"], work, env)
     run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
     return work, env
+
+
+def use_gtsrb(work: Path, env: dict[str, str], root: Path) -> dict[str, str]:
+    """Point the project's GTSRB at `root` as `make pipeline` does (scripts/raw-data.sh): data/raw, the folder
+    dvc.yaml tracks, links to it, and $GTSRB_ROOT names it."""
+    raw = work / "data" / "raw"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    if raw.is_symlink():
+        raw.unlink()
+    raw.symlink_to(root.resolve(), target_is_directory=True)
+    return dict(env, GTSRB_ROOT=str(root))
 
 
 def tiny_pipeline_params(work: Path) -> None:
