@@ -39,8 +39,12 @@ class DataConfig(Section):
     folder: your folder of class folders; csv: your CSV file."""
     download: bool = True
     """gtsrb: let torchvision download GTSRB into `root` when it is not there (needs internet)."""
-    image_size: int = Field(32, ge=8, le=256)
-    """Side of the square images the model sees, in pixels."""
+    image_size: int = Field(32, ge=8, le=1024)
+    """Side of the square images the model sees, in pixels (32 suits signs; photos for a backbone: 96-384)."""
+    resize: Literal["stretch", "center_crop", "pad"] = "stretch"
+    """How an image (its served crop, or its box) becomes that square, the same in prepare, evaluate, predict and
+    the server: `stretch` squashes it (GTSRB's signs are about square); `center_crop` keeps the central square of
+    the shorter side; `pad` keeps all of it and its aspect ratio, on black bands (photos of any shape)."""
     roi_margin: float = Field(0.1, ge=0.0, le=1.0)
     """Margin around the sign, as a fraction of its box on each side: what `framing: roi` crops, and what
     `crop: auto` leaves around the sign of an average whole image."""
@@ -70,8 +74,17 @@ class DataConfig(Section):
 class ModelConfig(Section):
     """The network, built by name from pipeline/nets.py."""
 
-    name: Literal["trafficsignnet", "signnet"] = "signnet"
-    """`signnet`: the default compact CNN; `trafficsignnet`: Arm's learning-path reference network."""
+    name: str = Field("signnet", pattern=r"^(signnet|trafficsignnet|(torchvision|timm)/[A-Za-z0-9_.\-]+)$")
+    """`signnet`: the default compact CNN; `trafficsignnet`: Arm's learning-path reference network;
+    `torchvision/<arch>`: any classification builder of torchvision.models (resnet18, mobilenet_v3_small,
+    efficientnet_b0, convnext_tiny, ...); `timm/<arch>`: any timm.create_model name. The classifier is sized from
+    the data's classes."""
+    weights: str = Field("none", min_length=1)
+    """torchvision/timm networks: `none` (random initialisation), `default` (the library's pretrained weights,
+    through its cache: TORCH_HOME / HF_HOME, so offline once the cache holds them) or a path to a `.safetensors`
+    or `.pth` state dict (read with weights_only=True). Every tensor but the classifier's is loaded."""
+    weights_sha256: str = Field("", pattern=r"^([0-9a-fA-F]{64})?$")
+    """Optional: the weights file's SHA-256; another file is refused before any training step."""
     width: int = Field(32, ge=4, le=256)
     """signnet: channels of the first stage (the next two have 2x and 4x); ignored by trafficsignnet."""
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
@@ -127,13 +140,19 @@ class TrainConfig(Section):
     output, so a `dvc pull`ed clone is up to date without them. A run on several machines (torchrun --nnodes)
     needs a folder every node sees (a shared filesystem): the train stage checks that it is."""
     eval_batch_size: int = Field(512, ge=1, le=65536)
+    backbone_lr_factor: float = Field(0.1, ge=0.0, le=1.0)
+    """torchvision/timm networks: the backbone's learning rate is `lr` times this; the classifier's is `lr`
+    (fine-tuning pretrained features more gently than the fresh head). Our own networks train as one."""
+    freeze_backbone_epochs: int = Field(0, ge=0)
+    """torchvision/timm networks: the backbone's learning rate is 0 for this many first epochs (the fresh head
+    settles before the pretrained features move)."""
 
 
 class AugmentParams(Section):
     """Training-time augmentation, per image: shared by train and optimize's fine-tune."""
 
     enabled: bool = True
-    """Random affine (rotation, shift, scale, shear) and colour jitter, per image; never flips."""
+    """Random affine (rotation, shift, scale, shear) and colour jitter, per image (flips: `hflip`)."""
     rotation: float = Field(10.0, ge=0.0, le=180.0)
     """Maximum rotation, degrees."""
     translate: float = Field(0.1, ge=0.0, le=0.5)
@@ -144,6 +163,11 @@ class AugmentParams(Section):
     """Maximum shear, degrees."""
     color_jitter: float = Field(0.3, ge=0.0, lt=1.0)
     """Brightness, contrast and saturation factors drawn from [1 - x, 1 + x]."""
+    hflip: bool = False
+    """Mirror half the images left-right (photos of objects; never for signs, whose meaning it can change)."""
+    random_resized_crop: float = Field(0.0, ge=0.0, lt=1.0)
+    """> 0: each image shows a random part of itself of at least this fraction of its area (aspect 3/4..4/3),
+    resized back to the full side: RandomResizedCrop's idea for photos; 0 = off (GTSRB's default)."""
 
 
 class RegularizeParams(Section):

@@ -8,6 +8,8 @@ export, the server) feeds the same uint8 -> float[0,1] pixels and cannot drift f
   FC 2304->128, FC 128->43 at 32x32), kept as the reference to compare against.
 - `signnet`: the default, a compact VGG-style CNN (conv-BN-ReLU pairs, widths w-2w-4w, global pooling),
   sized to train to high accuracy on two CPU cores.
+- `torchvision/<arch>`, `timm/<arch>`: the libraries' networks (`Backbone`, pipeline/backbones.py), normalised
+  with the mean/std their weights expect (the payload's mean/std).
 
 `model.members` > 1 wraps either in a `Committee` of independently initialised copies that vote (the
 IJCNN 2011 winner was a committee too); it is still one module, so training, checkpoints, ONNX export,
@@ -25,6 +27,28 @@ from torch import nn
 
 NUM_CLASSES = 43
 ARCHITECTURES = ("trafficsignnet", "signnet")
+
+
+def is_backbone(name: str) -> bool:
+    """A library network (`torchvision/<arch>`, `timm/<arch>`), not one of ours."""
+    return name.partition("/")[0] in ("torchvision", "timm") and "/" in name
+
+
+def backbone_parts(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(backbone, head) parameters of a model whose members are `Backbone`s (the head: each classifier); ([], all)
+    for our own networks, which train as one."""
+    from pipeline.backbones import classifier_names
+
+    members = list(model.members) if isinstance(model, Committee) else [model]
+    if not all(isinstance(m, Backbone) for m in members):
+        return [], list(model.parameters())
+    head: list[nn.Parameter] = []
+    for member in members:
+        net = member.get_submodule("net")
+        for name in classifier_names(net):
+            head += list(net.get_submodule(name).parameters())
+    ids = {id(p) for p in head}
+    return [p for p in model.parameters() if id(p) not in ids], head
 
 
 INPUT_NORMS = ("dataset", "image")
@@ -131,6 +155,21 @@ class SignNet(nn.Module):
         return self.classifier(self.features(self.normalize(x)))
 
 
+class Backbone(nn.Module):
+    """A network users bring by name (`torchvision/<arch>`, `timm/<arch>`: pipeline/backbones.py) behind the same
+    contract as ours: [0, 1] pixels in, normalised inside with the mean/std its weights expect."""
+
+    def __init__(self, name: str, mean: Sequence[float], std: Sequence[float], num_classes: int) -> None:
+        super().__init__()
+        from pipeline import backbones
+
+        self.normalize = Normalize(mean, std, "dataset")
+        self.net = backbones.library_network(name, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.normalize(x))
+
+
 class Committee(nn.Module):
     """Several networks of one architecture, each initialised differently, that vote.
 
@@ -177,11 +216,15 @@ def build(
         raise ValueError(f"members must be >= 1, got {members}")
 
     def one() -> nn.Module:
+        if is_backbone(name):
+            return Backbone(name, mean, std, num_classes)
         if name == "trafficsignnet":
             return TrafficSignNet(mean, std, image_size=image_size, num_classes=num_classes)
         if name == "signnet":
             return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes, input_norm=input_norm)
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+        raise ValueError(
+            f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}, torchvision/<arch> or timm/<arch>"
+        )
 
     if members == 1:
         return one()

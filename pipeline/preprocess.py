@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -40,12 +41,39 @@ def box_with_margin(box: Box, margin: float, width: int, height: int) -> Box:
     return (max(0, x1 - dx), max(0, y1 - dy), min(width - 1, x2 + dx), min(height - 1, y2 + dy))
 
 
+RESIZE_MODES = ("stretch", "center_crop", "pad")
+Resize = Literal["stretch", "center_crop", "pad"]
+
+
+def _fit_region(
+    region: tuple[float, float, float, float], mode: Resize
+) -> tuple[tuple[float, float, float, float], tuple[float, float]]:
+    """The part of `region` (x1, y1, x2, y2 in source pixels) that a square output shows, and the fraction of the
+    output's width / height it fills. stretch: all of it, squashed to a square; center_crop: the central square of
+    the shorter side (nothing squashed, the edges of the longer side cut); pad: all of it, aspect kept, centred on
+    black bands."""
+    x1, y1, x2, y2 = region
+    w, h = x2 - x1, y2 - y1
+    if mode == "stretch" or w == h:
+        return region, (1.0, 1.0)
+    if mode == "center_crop":
+        side = min(w, h)
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        return (cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2), (1.0, 1.0)
+    return region, ((w / h, 1.0) if w < h else (1.0, h / w))
+
+
 def to_array(
-    image: Image.Image, size: int, box: Box | None = None, margin: float = 0.1, crop: Crop = NO_CROP
+    image: Image.Image,
+    size: int,
+    box: Box | None = None,
+    margin: float = 0.1,
+    crop: Crop = NO_CROP,
+    resize: Resize = "stretch",
 ) -> np.ndarray:
     """Crop (to `box` grown by `margin`; without a box, the whole image less the `crop` fractions) and resize
-    to size x size RGB uint8 (HWC). Any mode becomes RGB; 16- and 32-bit grey levels are scaled to 8 bits (a
-    plain convert would clip them to white)."""
+    to size x size RGB uint8 (HWC), by `resize` (stretch | center_crop | pad: see _fit_region). Any mode becomes
+    RGB; 16- and 32-bit grey levels are scaled to 8 bits (a plain convert would clip them to white)."""
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
         pixels = np.asarray(image, dtype=np.float64)
         peak = 65535.0 if image.mode.startswith("I;16") or pixels.max(initial=0) > 255 else 255.0
@@ -60,9 +88,19 @@ def to_array(
         w, h = image.width, image.height
         # Sub-pixel region of the source: resize samples it directly, so small images lose no precision.
         region = (left * w, top * h, w - right * w, h - bottom * h)
-    # PIL's bilinear filter antialiases when shrinking, so small and large sources look alike.
-    image = image.resize((size, size), Image.Resampling.BILINEAR, box=region)
-    return np.asarray(image, dtype=np.uint8)
+    if resize == "stretch":
+        # PIL's bilinear filter antialiases when shrinking, so small and large sources look alike.
+        image = image.resize((size, size), Image.Resampling.BILINEAR, box=region)
+        return np.asarray(image, dtype=np.uint8)
+    shown, (fw, fh) = _fit_region(region or (0.0, 0.0, float(image.width), float(image.height)), resize)
+    out_w, out_h = max(1, round(size * fw)), max(1, round(size * fh))
+    image = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=shown)
+    if (out_w, out_h) == (size, size):
+        return np.asarray(image, dtype=np.uint8)
+    canvas = np.zeros((size, size, 3), dtype=np.uint8)
+    top, left = (size - out_h) // 2, (size - out_w) // 2
+    canvas[top : top + out_h, left : left + out_w] = np.asarray(image, dtype=np.uint8)
+    return canvas
 
 
 @dataclass(frozen=True)
@@ -74,15 +112,19 @@ class Framing:
     size: int
     roi_margin: float = 0.1
     crop: Crop = NO_CROP
+    resize: Resize = "stretch"
+    """How the (cropped) image becomes a square: stretch | center_crop | pad (data.resize)."""
 
     def __post_init__(self) -> None:
         left, top, right, bottom = self.crop
         if min(self.crop) < 0 or left + right >= 0.9 or top + bottom >= 0.9:
             raise ValueError(f"crop {self.crop} must be fractions >= 0 that leave at least 10% of each side")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize {self.resize!r} must be one of {', '.join(RESIZE_MODES)}")
 
     def array(self, image: Image.Image, box: Box | None = None) -> np.ndarray:
         """uint8 [S, S, 3] RGB."""
-        return to_array(image, self.size, box, self.roi_margin, self.crop)
+        return to_array(image, self.size, box, self.roi_margin, self.crop, self.resize)
 
 
 def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:

@@ -75,34 +75,40 @@ def read_payload(path: Path = MODEL_PATH) -> dict[str, Any]:
 
 
 def fit_shapes(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
-    """Resize Conv2d / BatchNorm2d / Linear layers to the shapes in `state_dict` (pruned models)."""
+    """Resize Conv2d / BatchNorm / LayerNorm / Linear layers in place to the shapes in `state_dict` (pruned
+    models; in place, so a library's subclasses, e.g. timm's BatchNormAct2d, keep what they add). A depthwise
+    convolution stays depthwise (groups = its channels)."""
+    import torch
     from torch import nn
 
+    def blank(like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return torch.empty(shape, dtype=like.dtype)
+
     for name, module in list(model.named_modules()):
-        weight = state_dict.get(f"{name}.weight")
-        if weight is None or tuple(weight.shape) == tuple(module.weight.shape):
+        prefix = f"{name}." if name else ""
+        weight = state_dict.get(f"{prefix}weight")
+        own = getattr(module, "weight", None)
+        if weight is None or not isinstance(own, torch.Tensor) or tuple(weight.shape) == tuple(own.shape):
             continue
-        has_bias = f"{name}.bias" in state_dict
-        new: nn.Module
         if isinstance(module, nn.Conv2d):
-            new = nn.Conv2d(
-                weight.shape[1] * module.groups,
-                weight.shape[0],
-                module.kernel_size,  # type: ignore[arg-type]
-                stride=module.stride,  # type: ignore[arg-type]
-                padding=module.padding,  # type: ignore[arg-type]
-                dilation=module.dilation,  # type: ignore[arg-type]
-                groups=module.groups,
-                bias=has_bias,
-            )
+            depthwise = module.groups > 1 and module.groups == module.in_channels == module.out_channels
+            module.groups = weight.shape[0] if depthwise else module.groups
+            module.out_channels, module.in_channels = weight.shape[0], weight.shape[1] * module.groups
         elif isinstance(module, nn.BatchNorm2d):
-            new = nn.BatchNorm2d(weight.shape[0], eps=module.eps, momentum=module.momentum)
+            module.num_features = weight.shape[0]
+            for buffer in ("running_mean", "running_var"):
+                if getattr(module, buffer, None) is not None:
+                    setattr(module, buffer, blank(getattr(module, buffer), weight.shape))
+        elif isinstance(module, nn.LayerNorm):
+            module.normalized_shape = tuple(weight.shape)
         elif isinstance(module, nn.Linear):
-            new = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+            module.out_features, module.in_features = weight.shape[0], weight.shape[1]
         else:
             continue
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, new)
+        module.weight = nn.Parameter(blank(own, weight.shape))
+        bias = state_dict.get(f"{prefix}bias")
+        if bias is not None and getattr(module, "bias", None) is not None:
+            module.bias = nn.Parameter(blank(module.bias, bias.shape))
     return model
 
 

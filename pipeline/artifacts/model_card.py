@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -100,6 +101,8 @@ class ShippedFacts(_Facts):
 class ModelCard(_Facts):
     model_name: str
     architecture: str
+    initial_weights: dict[str, Any] | None = None
+    """torchvision/timm networks: the weights training started from (source, file, sha256, licence)."""
     num_classes: int
     image_size: int
     recipe: dict[str, dict[str, object]]
@@ -108,6 +111,20 @@ class ModelCard(_Facts):
     evaluation: EvaluationFacts
     shipped: ShippedFacts
     failure_modes: list[str]
+
+
+def weights_line(weights: dict[str, Any]) -> str:
+    """Where a torchvision/timm network's training started: random, the library's pretrained file, or a user's."""
+    source = str(weights.get("source", "none"))
+    if source == "none":
+        return "- Initial weights: none (randomly initialised, trained on this data only)."
+    what = "the library's pretrained weights" if source == "default" else "a weights file"
+    licence = str(weights.get("license") or "not stated")
+    return (
+        f"- Initial weights: {what}, `{Path(str(weights.get('file', ''))).name}`, SHA-256 `{weights.get('sha256', '')}`"
+        f" (licence: {licence}); classifier initialised fresh for these classes; input normalised with mean "
+        f"{weights.get('mean')} / std {weights.get('std')}."
+    )
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -162,6 +179,7 @@ def render(card: ModelCard) -> str:
         "",
         f"- Task: image classification into {card.num_classes} classes ({d.dataset}).",
         f"- Network: `{card.architecture}`, {s.parameters:,} parameters, input {card.image_size}×{card.image_size} RGB.",
+        *([weights_line(card.initial_weights)] if card.initial_weights else []),
         f"- Shipped variant: `{s.variant}` ({s.precision}, {s.format}, {s.size_bytes / 1e6:.2f} MB, "
         f"SHA-256 `{s.sha256[:12]}`), served with {s.backend}." + (f" {s.made_from}" if s.made_from else ""),
         "",

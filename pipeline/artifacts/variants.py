@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Framing
+from pipeline.preprocess import NO_CROP, Framing, Resize
 
 MANIFEST_NAME = "manifest.json"
 VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
@@ -45,9 +45,11 @@ class Preprocess(_Strict):
     input_range: list[float] = Field(default_factory=lambda: [0.0, 1.0])
     """The model takes RGB pixels / 255."""
     layout: Literal["NCHW"] = "NCHW"
+    resize_mode: Resize = "stretch"
+    """How the (cropped) image becomes the square: stretch | center_crop | pad (data.resize; preprocess.to_array)."""
 
     def framing(self) -> Framing:
-        return Framing(self.resize, self.roi_margin, self.crop)
+        return Framing(self.resize, self.roi_margin, self.crop, self.resize_mode)
 
 
 class InputSpec(_Strict):
@@ -111,6 +113,9 @@ class ModelManifest(_Strict):
     max_accuracy_drop: float
     variants: list[Variant]
     created_by: str = "pipeline optimize"
+    initial_weights: dict[str, Any] | None = None
+    """torchvision/timm networks: where training started from (backbones.WeightsInfo.record(): source, file,
+    sha256, licence, the mean/std and interpolation they expect); None for our own networks."""
 
     def accepted(self) -> list[Variant]:
         return [v for v in self.variants if v.accepted]

@@ -85,6 +85,8 @@ class AugmentConfig:
     brightness: float = 0.3
     contrast: float = 0.3
     saturation: float = 0.3
+    hflip: bool = False
+    crop_area: float = 1.0  # random resized crop: the smallest fraction of the area shown (1 = off)
 
     @classmethod
     def of(cls, params: AugmentParams) -> AugmentConfig:
@@ -99,6 +101,8 @@ class AugmentConfig:
             brightness=params.color_jitter,
             contrast=params.color_jitter,
             saturation=params.color_jitter,
+            hflip=params.hflip,
+            crop_area=params.random_resized_crop or 1.0,
         )
 
     @property
@@ -112,8 +116,16 @@ class AugmentConfig:
                 self.brightness,
                 self.contrast,
                 self.saturation,
+                self.hflip,
+                self.crop_area < 1.0,
             )
         )
+
+    @property
+    def photo(self) -> bool:
+        """Flips or random resized crops: drawn after the affine's parameters, so recipes without them draw the
+        same numbers as before they existed."""
+        return self.hflip or self.crop_area < 1.0
 
 
 def draw_params(cfg: AugmentConfig, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -129,7 +141,19 @@ def draw_params(cfg: AugmentConfig, n: int, generator: torch.Generator) -> torch
     params[:, 5] = 1 + u[:, 5] * cfg.brightness
     params[:, 6] = 1 + u[:, 6] * cfg.contrast
     params[:, 7] = 1 + u[:, 7] * cfg.saturation
-    return params
+    if not cfg.photo:
+        return params
+    v = torch.rand(n, 5, generator=generator, dtype=torch.float64)
+    extra = torch.empty(n, 5, dtype=torch.float64)
+    extra[:, 0] = (v[:, 0] < 0.5).double() if cfg.hflip else 0.0  # mirrored
+    area = cfg.crop_area + v[:, 1] * (1 - cfg.crop_area)
+    aspect = torch.exp(math.log(3 / 4) + v[:, 2] * math.log(16 / 9))  # log-uniform in [3/4, 4/3]
+    cropping = cfg.crop_area < 1.0
+    extra[:, 1] = torch.sqrt(area * aspect).clamp(max=1.0) if cropping else 1.0  # width shown, fraction of the side
+    extra[:, 2] = torch.sqrt(area / aspect).clamp(max=1.0) if cropping else 1.0  # height shown
+    extra[:, 3] = (v[:, 3] * 2 - 1) * (1 - extra[:, 1])  # centre, normalised coordinates, window inside the image
+    extra[:, 4] = (v[:, 4] * 2 - 1) * (1 - extra[:, 2])
+    return torch.cat([params, extra], dim=1)
 
 
 def augment(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
@@ -151,7 +175,14 @@ def augment(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     fwd[:, 1, 1] = (sin * tan + cos) * scale
     inv = torch.linalg.inv(fwd)
     shift = torch.stack([p[:, 1], p[:, 2]], dim=1) * 2  # fraction of the side -> normalised [-1, 1]
-    theta = torch.cat([inv, -(inv @ shift.unsqueeze(2))], dim=2).to(x.dtype)
+    theta = torch.cat([inv, -(inv @ shift.unsqueeze(2))], dim=2)
+    if p.shape[1] > 8:  # photos: a mirror on the output side, a crop window on the input side
+        mirror = 1 - 2 * p[:, 8]
+        theta[:, :, 0] = theta[:, :, 0] * mirror.view(n, 1)
+        window = torch.stack([p[:, 9], p[:, 10]], dim=1).view(n, 2, 1)
+        theta = theta * window
+        theta[:, :, 2] += torch.stack([p[:, 11], p[:, 12]], dim=1)
+    theta = theta.to(x.dtype)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     # ColorJitter, in v2's order: brightness, contrast, saturation (blends as in v2's kernels).

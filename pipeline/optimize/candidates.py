@@ -286,7 +286,12 @@ class Optimizer:
             pruned = prune.keep_members(model_file.read(self.staging / "fp32.pt")[0], cfg.prune_members)
             members = len(pruned.members) if isinstance(pruned, nets.Committee) else 1
             like = {**payload, "arch": {**payload["arch"], "members": members}}
-            report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
+            if nets.is_backbone(str(payload["arch"]["name"])):  # branches: Torch-Pruning's dependency graph
+                report = prune.prune_graph(
+                    pruned, cfg.prune_amount, self.image_size, cfg.prune_norm, cfg.prune_multiple
+                )
+            else:
+                report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
             console.log(
                 f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}) of {like['arch']['members']} "
                 f"member(s): channels {report.channels_before} -> {report.channels_after}; "
@@ -341,6 +346,7 @@ def build_manifest(
     size = prepared.image_size
     return ModelManifest(
         architecture=str(payload["arch"]["name"]),
+        initial_weights=payload["arch"].get("weights"),
         classes=list(prepared.classes),
         num_classes=len(prepared.classes),
         image_size=size,
@@ -350,6 +356,7 @@ def build_manifest(
             mean=[float(v) for v in payload["mean"]],
             std=[float(v) for v in payload["std"]],
             crop=prepared.crop,
+            resize_mode=prepared.resize_mode,
         ),
         input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
         output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),

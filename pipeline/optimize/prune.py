@@ -6,9 +6,11 @@ A filter followed by BatchNorm is ranked by the norm of the filter with the BN s
 removes filters that BN scales up. Measured on the GTSRB committee (README): halving the filters then
 fine-tuning cost 6.5 points with this ranking (and the fine-tune's learning rate raised), 18.6 before.
 
-Works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution feeds
-exactly the next convolution or, after the last one, the classifier's Linear (through global average
-pooling, or a Flatten of C x H x W features). Networks with branches are out of scope.
+`prune_filters` works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution
+feeds exactly the next convolution or, after the last one, the classifier's Linear (through global average
+pooling, or a Flatten of C x H x W features). Networks with branches (residual additions, squeeze-excite,
+depthwise convolutions: the torchvision/timm networks) go through `prune_graph`: Torch-Pruning traces the forward
+into a dependency graph, so channels joined by an addition or a depthwise convolution are removed together.
 """
 
 from __future__ import annotations
@@ -105,6 +107,41 @@ def kept_channels(channels: int, amount: float, multiple: int = 1) -> int:
     if multiple > 1:
         keep = min(channels, max(multiple, keep // multiple * multiple))
     return keep
+
+
+def prune_graph(
+    model: nn.Module,
+    amount: float,
+    image_size: int,
+    norm: Literal["l1", "l2"] = "l1",
+    multiple: int = 1,
+) -> PruneReport:
+    """Remove about `amount` of the channels of every prunable group of a branched network (Torch-Pruning's
+    dependency graph, magnitude importance, kept counts rounded to `multiple`), in place; the classifier keeps its
+    outputs (the classes)."""
+    import torch_pruning as tp
+
+    from pipeline.backbones import classifier_names
+
+    if not 0.0 <= amount < 1.0:
+        raise ValueError(f"prune amount must be in [0, 1), got {amount}")
+    nets_inside = [m.get_submodule("net") for m in model.modules() if hasattr(m, "net")] or [model]
+    ignored = [net.get_submodule(name) for net in nets_inside for name in classifier_names(net)]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    before = [c.out_channels for c in convs]
+    was_training = model.training
+    model.eval()
+    pruner = tp.pruner.MetaPruner(
+        model,
+        torch.rand(1, 3, image_size, image_size),
+        importance=tp.importance.GroupMagnitudeImportance(p=1 if norm == "l1" else 2),
+        pruning_ratio=amount,
+        ignored_layers=ignored,
+        round_to=multiple if multiple > 1 else None,
+    )
+    pruner.step()
+    model.train(was_training)
+    return PruneReport(before, [c.out_channels for c in convs])
 
 
 def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1", multiple: int = 1) -> PruneReport:

@@ -127,6 +127,7 @@ def build(
     return model_card.ModelCard(
         model_name=params.serve.model_name,
         architecture=manifest.architecture,
+        initial_weights=manifest.initial_weights,
         num_classes=manifest.num_classes,
         image_size=manifest.image_size,
         recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},

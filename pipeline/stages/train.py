@@ -30,10 +30,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline import console, nets
+from pipeline import backbones, console, nets
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
+from pipeline.backbones import WeightsInfo
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
@@ -107,16 +108,57 @@ def fingerprint(params: Params, manifest: PreparedManifest) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def model_arch(params: Params, manifest: PreparedManifest) -> dict[str, object]:
-    """The network's description, saved with the weights: the one record both building and loading use."""
+def initial_weights(params: Params) -> tuple[WeightsInfo | None, dict[str, torch.Tensor] | None]:
+    """A torchvision/timm network's initial weights (`model.weights`), checked before any training step: an
+    unknown network, a missing file, another hash or a pickle that would run code is one line (StageError)."""
     m = params.model
-    return nets.arch_kwargs(
+    if not nets.is_backbone(m.name):
+        if m.weights != "none":
+            raise StageError(f"model.weights is {m.weights!r}, but {m.name} has no pretrained weights: use none")
+        return None, None
+    try:
+        return backbones.resolve(m.name, m.weights, m.weights_sha256)
+    except (backbones.WeightsError, ValueError) as exc:
+        raise StageError(str(exc)) from None
+
+
+def model_arch(params: Params, manifest: PreparedManifest, weights: WeightsInfo | None = None) -> dict[str, object]:
+    """The network's description, saved with the weights: the one record both building and loading use (a
+    torchvision/timm network's also says where its initial weights came from and the input they expect)."""
+    m = params.model
+    arch = nets.arch_kwargs(
         m.name, manifest.image_size, m.width, m.dropout, len(manifest.classes), m.input_norm, m.members
     )
+    if weights is not None:
+        arch["weights"] = weights.record()
+    return arch
 
 
-def build_model(params: Params, manifest: PreparedManifest) -> nn.Module:
-    return nets.build_from_arch(model_arch(params, manifest), manifest.mean, manifest.std)
+def input_stats(manifest: PreparedManifest, weights: WeightsInfo | None) -> tuple[list[float], list[float]]:
+    """The mean/std the network normalises with: pretrained weights' own (what they learned on), else the
+    training split's."""
+    if weights is None or weights.source == "none":
+        return list(manifest.mean), list(manifest.std)
+    return list(weights.mean), list(weights.std)
+
+
+def build_model(
+    params: Params,
+    manifest: PreparedManifest,
+    weights: WeightsInfo | None = None,
+    state: Mapping[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """The network to train, with its initial weights loaded into every member (the classifier stays fresh)."""
+    mean, std = input_stats(manifest, weights)
+    model = nets.build_from_arch(model_arch(params, manifest, weights), mean, std)
+    if state is not None and weights is not None:
+        members = list(model.members) if isinstance(model, nets.Committee) else [model]
+        for member in members:
+            try:
+                backbones.load_into(member.net, state, weights.file)  # type: ignore[arg-type]
+            except backbones.WeightsError as exc:
+                raise StageError(str(exc)) from None
+    return model
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -141,10 +183,12 @@ def worker(
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
     torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
+    weights, state = initial_weights(params)
     # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
-    model = build_model(params, manifest).to(device=d.device)
+    model = build_model(params, manifest, weights, state).to(device=d.device)
     model = distributed.wrap_model(model, t.strategy, d)
-    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay)
+    frozen_steps = t.freeze_backbone_epochs * loader.steps_per_epoch
+    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, t.backbone_lr_factor, frozen_steps)
     forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
 
     trainer: dict[str, Any] = {"history": [], "epoch_loss": 0.0, "epoch_samples": 0, "train_seconds": 0.0}
@@ -265,8 +309,9 @@ def worker(
     full = ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}
     if d.main:
+        mean, std = input_stats(manifest, weights)
         model_file.write(
-            model_file.MODEL_PATH, model_arch(params, manifest), manifest.mean, manifest.std, manifest.classes, full
+            model_file.MODEL_PATH, model_arch(params, manifest, weights), mean, std, manifest.classes, full
         )
         history = trainer["history"]
         summary = {
@@ -392,6 +437,12 @@ def run(params: Params) -> None:
         _run_torchrun(params, *under_torchrun)
         return
     manifest = _check_inputs()
+    weights, _ = initial_weights(params)  # a bad name or weights file: one line, before any process starts
+    if weights is not None:
+        console.log(
+            f"{params.model.name}: weights {weights.source}"
+            + (f" ({weights.file}, sha256 {weights.sha256[:12]})" if weights.file else "")
+        )
     world = params.train.nproc
     device = distributed.choose_device(params.train.device)
     if device.type == "cuda" and world > torch.cuda.device_count():

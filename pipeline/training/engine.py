@@ -25,15 +25,30 @@ from pipeline.training.distributed import SINGLE, Dist, autocast
 DISTILL_TEMPERATURE = 2.0
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
-    """Weights decay; biases and BatchNorm parameters (1-D) do not."""
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def param_groups(
+    model: nn.Module, weight_decay: float, backbone_lr_factor: float = 1.0, frozen_steps: int = 0
+) -> list[dict[str, object]]:
+    """Weights decay; biases and BatchNorm parameters (1-D) do not. A torchvision/timm network's backbone gets
+    groups of its own that learn at `lr x backbone_lr_factor`, and not at all for the first `frozen_steps`
+    (Engine.step reads `lr_scale` and `frozen_steps`); its classifier, and our own networks, at `lr`."""
+    backbone, head = nets.backbone_parts(getattr(model, "module", model))  # DDP wraps the network in .module
+    groups: list[dict[str, object]] = []
+    parts = ((backbone, backbone_lr_factor, frozen_steps), (head, 1.0, 0)) if backbone else ((head, 1.0, 0),)
+    for part, scale, frozen in parts:
+        for params, decay in (([p for p in part if p.ndim > 1], weight_decay), ([p for p in part if p.ndim <= 1], 0.0)):
+            groups.append({"params": params, "weight_decay": decay, "lr_scale": scale, "frozen_steps": frozen})
+    return groups
 
 
-def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay)
+def make_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    backbone_lr_factor: float = 1.0,
+    frozen_steps: int = 0,
+) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay, backbone_lr_factor, frozen_steps)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
     return torch.optim.AdamW(groups, lr=lr)
@@ -114,7 +129,8 @@ class Engine:
         returns the label loss summed over this share (per member)."""
         lr = self.lr_at(step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            frozen = step < int(group.get("frozen_steps", 0))
+            group["lr"] = 0.0 if frozen else lr * float(group.get("lr_scale", 1.0))
         torch.manual_seed(step_seed(self.seed, step, self.d.rank))  # dropout: reproducible on resume
         images = images.to(self.d.device, non_blocking=True)
         labels = labels.to(self.d.device, non_blocking=True)
