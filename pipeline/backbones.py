@@ -191,6 +191,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def resolve(name: str, weights: str, sha256: str = "") -> tuple[WeightsInfo, dict[str, torch.Tensor] | None]:
     """The weights `model.weights` names for backbone `name`, checked (file, hash), with the input they expect."""
+    check_name(name)
     mean, std, interpolation, licence = _expected_input(name)
     if weights == "none":
         return WeightsInfo("none", interpolation=interpolation), None

@@ -76,3 +76,66 @@ def test_16_bit_grey_is_scaled_to_8_bits_not_clipped(tmp_path) -> None:  # type:
     image = open_image(str(tmp_path / "grey16.png"))
     assert image.mode.startswith("I")
     assert np.abs(to_array(image, 8).astype(int) - 128).max() <= 1
+
+
+def _photo_files(folder, real_root=None):  # type: ignore[no-untyped-def]
+    """Files of several sizes, formats and modes: real GTSRB files when the sample is configured (as PNG, JPEG,
+    grey, RGBA, a wide and a tall crop), else drawn ones of the same kinds."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("GTSRB_ROOT")
+    if root and (Path(root) / "gtsrb/GTSRB/Final_Test/Images").is_dir():
+        sources = sorted((Path(root) / "gtsrb/GTSRB/Final_Test/Images").glob("*.ppm"))[:3]
+        images = [Image.open(p).convert("RGB") for p in sources]
+    else:
+        rng = np.random.default_rng(0)
+        images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((41, 37), (80, 64))]
+    base = images[0].resize((images[0].width * 3, images[0].height * 3))
+    variants = {
+        "rgb.png": images[0],
+        "photo.jpg": images[-1],
+        "grey.png": images[0].convert("L"),
+        "alpha.png": images[0].convert("RGBA"),
+        "wide.jpg": base.crop((0, 0, base.width, base.height // 2)),
+        "tall.png": base.crop((0, 0, base.width // 3, base.height)),
+    }
+    paths = []
+    for name, image in variants.items():
+        path = folder / name
+        image.save(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("resize", ["stretch", "center_crop", "pad"])
+def test_every_resize_mode_gives_the_server_the_tensor_prepare_made(tmp_path, resize) -> None:  # type: ignore[no-untyped-def]
+    """The one framing, three ways to make a square: prepare's array and the server's input tensor are equal, byte
+    for byte (x 255), on files of several sizes, formats and modes."""
+    from pipeline.data.listing import SignFile
+    from pipeline.preprocess import Framing
+    from pipeline.serve.protocol import decode_images
+    from pipeline.stages.prepare import _load_one
+
+    framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), resize)
+    for path in _photo_files(tmp_path):
+        prepared = _load_one(SignFile(path, 0, None, -1), framing, use_box=False)
+        assert isinstance(prepared, np.ndarray) and prepared.shape == (48, 48, 3), path
+        served = decode_images([(path.read_bytes(), None)], framing, 4096 * 4096)[0]
+        assert np.array_equal(np.round(served * 255).astype(np.uint8).transpose(1, 2, 0), prepared), (path, resize)
+
+
+def test_pad_keeps_the_aspect_on_black_bands_and_center_crop_cuts_the_long_side() -> None:
+    wide = Image.new("RGB", (200, 100), (255, 255, 255))
+    padded = to_array(wide, 40, resize="pad")
+    assert (padded[:10] == 0).all() and (padded[30:] == 0).all() and (padded[10:30] == 255).all()
+    tall = Image.new("RGB", (50, 100), (255, 255, 255))
+    padded = to_array(tall, 40, resize="pad")
+    assert (padded[:, :10] == 0).all() and (padded[:, 10:30] == 255).all()
+    halves = Image.new("RGB", (300, 100), (0, 0, 0))
+    halves.paste((255, 0, 0), (0, 0, 100, 100))  # left third red, middle black, right third green
+    halves.paste((0, 255, 0), (200, 0, 300, 100))
+    centre = to_array(halves, 20, resize="center_crop")
+    assert centre[:, 2:18].max() == 0  # only the middle square: neither colour
+    stretched = to_array(halves, 30, resize="stretch")
+    assert stretched[:, 2, 0].min() > 200 and stretched[:, -3, 1].min() > 200

@@ -437,7 +437,9 @@ def run(params: Params) -> None:
         _run_torchrun(params, *under_torchrun)
         return
     manifest = _check_inputs()
-    weights, _ = initial_weights(params)  # a bad name or weights file: one line, before any process starts
+    weights, state = initial_weights(params)  # a bad name or weights file: one line, before any process starts
+    if state is not None:
+        build_model(params, manifest, weights, state)  # tensors that do not fit: the same, before any step
     if weights is not None:
         console.log(
             f"{params.model.name}: weights {weights.source}"
