@@ -220,6 +220,12 @@ def bench_serve(ctx: typer.Context) -> None:
     _tool("pipeline.bench.serve", ctx)
 
 
+@bench.command("gpu", context_settings=PASS_THROUGH)
+def bench_gpu(ctx: typer.Context) -> None:
+    """Inference (eager fp32/bf16, compiled, CUDA graphs, ONNX Runtime CUDA) and training on the GPU beside the CPU."""
+    _tool("pipeline.bench.gpu", ctx)
+
+
 @bench.command("accuracy", context_settings=PASS_THROUGH)
 def bench_accuracy(ctx: typer.Context) -> None:
     """The trained model on a labelled folder of image files: served (whole files) vs ROI accuracy, 95 % CI."""

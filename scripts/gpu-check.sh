@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The CUDA paths end to end, on a GPU machine with torch + CUDA preinstalled and no network, in one call:
+# prepare -> train (train.device cuda, amp bf16, torch.compile; DDP over the GPUs when there are several) ->
+# optimize -> benchmark (the CPU rows) -> evaluate (the original files) -> `pipeline bench gpu` (eager fp32 / bf16,
+# compiled, CUDA graphs, ONNX Runtime's CUDA provider at batch 1, 32, 256, 1024, and the training step, beside the
+# CPU). Everything lands in OUT (JSON + Markdown); it never waits for input.
+#
+#   scripts/gpu-check.sh [--dry-run] [OUT]      (default OUT: gpu-check/)
+#
+# Data: $GTSRB_ROOT when set (the full training split if it travels with the tree), else data/raw, else the shared
+# sample (shared/data/gtsrb-sample or ../shared/data/gtsrb-sample). --dry-run: the same steps on the CPU, tiny (CI
+# runs it so the script cannot rot where no GPU is lent); its figures mean nothing.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+dry=false
+if [ "${1:-}" = --dry-run ]; then dry=true; shift; fi
+out="$(mkdir -p "${1:-gpu-check}" && cd "${1:-gpu-check}" && pwd)"
+python="${PYTHON:-$(command -v python3)}"
+[ -x "$repo/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && python="$repo/.venv/bin/python"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" MLFLOW_TRACKING_URI= PYTHONUNBUFFERED=1
+started=$(date +%s)
+step() { echo "[gpu-check $(( $(date +%s) - started ))s] $*" | tee -a "$out/steps.log"; }
+
+# What the package needs that this machine lacks: named at once, not as a traceback halfway through.
+missing=$("$python" - <<'EOF'
+import importlib.util
+need = ["torch", "torchvision", "numpy", "PIL", "pydantic", "yaml", "typer", "rich", "onnx", "onnxscript",
+        "onnxruntime", "torchao", "matplotlib", "timm", "safetensors", "torch_pruning", "orjson", "httpx"]
+print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
+EOF
+)
+if [ -n "$missing" ]; then
+  echo "gpu-check: missing Python packages: $missing (carry their wheels: see the device README)" | tee "$out/steps.log" >&2
+  exit 3
+fi
+
+root="${GTSRB_ROOT:-}"
+for candidate in "$repo/data/raw" "$repo/shared/data/gtsrb-sample" "$repo/../shared/data/gtsrb-sample"; do
+  if [ -z "$root" ] && [ -d "$candidate/gtsrb/GTSRB/Training" ]; then root="$(cd "$candidate" && pwd)"; fi
+done
+if [ -z "$root" ]; then echo "gpu-check: no GTSRB copy: set GTSRB_ROOT" >&2; exit 3; fi
+
+work="$out/project"
+rm -rf "$work" && mkdir -p "$work"
+cd "$work"
+gpus=$("$python" -c "import torch; print(torch.cuda.device_count())")
+if $dry; then device=cpu; nproc=1; else device=cuda; nproc=$(( gpus > 0 ? gpus : 1 )); fi
+"$python" - "$repo/params.yaml" "$root" "$device" "$nproc" "$dry" > params.yaml <<'EOF'
+import sys, yaml
+params = yaml.safe_load(open(sys.argv[1]))
+root, device, nproc, dry = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "true"
+params["data"].update(root=root, download=False)
+params["train"].update(device=device, amp="bf16", compile=True, nproc=nproc, checkpoint_every=0)
+params["optimize"].update(finetune_epochs=2, int8_torch=False)
+params["benchmark"].update({"batch_sizes": [32, 256], "threads": [0], "min_seconds": 0.5, "profile": False})
+params["containerize"]["variant"] = "fp32-onnx"  # evaluate measures this file (the benchmark's choice may differ)
+params["tracking"]["enabled"] = False
+if dry:  # the same steps, tiny, on the CPU
+    params["model"].update(width=8, members=1)
+    params["train"].update(epochs=1, compile=False, amp="off")
+    params["evaluate"]["min_accuracy"] = 0.0
+    params["optimize"].update(prune_amount=0.0, calibration_images=64, max_accuracy_drop=1.0, bf16="off")
+    params["benchmark"].update({"batch_sizes": [32], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                                "backends": ["onnxruntime"], "max_accuracy_drop": 1.0})
+print(yaml.safe_dump(params))
+EOF
+
+run_stage() {
+  step "pipeline $1"
+  "$python" -m pipeline.cli "$1" -p params.yaml > "$out/$1.log" 2>&1 || { tail -20 "$out/$1.log" >&2; echo "gpu-check: $1 failed (log: $out/$1.log)" >&2; exit 1; }
+}
+run_stage prepare
+run_stage train
+run_stage optimize
+run_stage benchmark
+run_stage evaluate
+step "pipeline bench gpu"
+if $dry; then flags=(--dry-run); else flags=(); fi
+"$python" -m pipeline.cli bench gpu "${flags[@]}" --out "$out" > "$out/bench-gpu.log" 2>&1 || { tail -20 "$out/bench-gpu.log" >&2; exit 1; }
+
+"$python" - "$out" "$dry" "$device" "$nproc" > "$out/summary.md" <<'EOF'
+import json, sys
+from pathlib import Path
+out, dry, device, nproc = Path(sys.argv[1]), sys.argv[2] == "true", sys.argv[3], sys.argv[4]
+work = out / "project" / "reports"
+train = json.loads((work / "train/metrics.json").read_text())
+evaluation = json.loads((work / "evaluate/metrics.json").read_text())
+print(f"# gpu-check{' (DRY RUN on the CPU: figures mean nothing)' if dry else ''}\n")
+print(f"- train: device {train['device']}, {nproc} process(es), {train['epochs']} epochs in {train['train_seconds']:.0f} s "
+      f"({train['images_per_s']:.0f} images/s), {train['train_images']} images")
+print(f"- evaluate: {evaluation['variant']} served accuracy {evaluation['accuracy']:.4f} on {evaluation['images']} "
+      f"original files (the trained model: {evaluation.get('trained_accuracy')})")
+print(f"- benchmark (CPU rows): see project/reports/benchmark/table.md\n")
+print((out / "gpu.md").read_text())
+EOF
+cp "$work/reports/benchmark/table.md" "$out/benchmark-table.md"
+step "done: $out/summary.md"
+cat "$out/summary.md"
