@@ -324,6 +324,9 @@ class OptimizeConfig(Section):
     finetune_distill: float = Field(0.5, ge=0.0, le=1.0)
     """Weight of distillation from the unpruned model during the fine-tune (KL to its softened outputs,
     temperature 2); the rest is the usual label loss. 0 = labels only."""
+    student: str = Field("", pattern=r"^(|signnet|trafficsignnet|(torchvision|timm)/[A-Za-z0-9_.\-]+)$")
+    """A student of another, smaller architecture (e.g. `torchvision/mobilenet_v3_small` from a resnet50 teacher),
+    randomly initialised and distilled like the width student; empty = `model.name` (with `student_width`)."""
     student_width: int = Field(0, ge=0, le=1024)
     """A student network distilled from the trained model: `model.name` with this first-stage width and one
     member, trained from scratch; 0 = no student. Off by default: the width-28 student (38 % of the

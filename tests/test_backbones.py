@@ -199,3 +199,36 @@ def test_branched_networks_prune_for_real_and_reload_from_their_state_dict(tmp_p
     reloaded, _ = model_file.read(path)
     with torch.no_grad():
         assert torch.allclose(reloaded(x), expected, atol=1e-5)
+
+
+def test_a_student_of_another_architecture_is_distilled_exported_and_judged(project: Path) -> None:
+    """`optimize.student: torchvision/mobilenet_v3_small` from a resnet18 teacher: a fresh network of the named
+    architecture, distilled, exported to ONNX with parity checked, in the manifest with what it was made from."""
+    import json
+
+    from pipeline.stages import optimize
+
+    train.run(tiny_params("torchvision/resnet18"))
+    params = parse_params(
+        {
+            **tiny_params("torchvision/resnet18").model_dump(mode="json"),
+            "optimize": {
+                "student": "torchvision/mobilenet_v3_small",
+                "student_epochs": 1,
+                "prune_amount": 0.0,
+                "int8_torch": False,
+                "int8_onnx": False,
+                "bf16": "off",
+                "max_accuracy_drop": 1.0,
+                "calibration_images": 32,
+            },  # fmt: skip
+        }
+    )
+    optimize.run(params)
+    manifest = json.loads(Path("models/manifest.json").read_text())
+    variants = {v["name"]: v for v in manifest["variants"]}
+    assert variants["student"]["details"]["student_architecture"] == "torchvision/mobilenet_v3_small"
+    assert variants["student"]["details"]["macs"] < variants["fp32"]["details"]["macs"] / 3
+    assert variants["student-onnx"]["accepted"] and variants["student-onnx"]["parity"]["passed"]
+    student, payload = model_file.read(Path("models/variants/student.pt"))
+    assert payload["arch"]["name"] == "torchvision/mobilenet_v3_small" and "weights" not in payload["arch"]

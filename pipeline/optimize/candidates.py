@@ -310,7 +310,7 @@ class Optimizer:
             }
             self.torch_family("pruned", pruned, like, extra)
 
-        if cfg.student_width > 0:
+        if cfg.student_width > 0 or cfg.student:
             self.student(model, payload, log)
 
     def student(self, teacher: nn.Module, payload: dict[str, Any], log: Callable[..., None]) -> None:
@@ -318,13 +318,17 @@ class Optimizer:
         scratch on the trained model's soft targets plus labels, then exported and quantized like the others.
         The teacher is only read (eval mode), so the trained model itself serves, unlike pruning's copy."""
         cfg = self.cfg
-        arch = {**payload["arch"], "width": cfg.student_width, "members": 1}
+        arch = {**payload["arch"], "width": cfg.student_width or payload["arch"].get("width", 32), "members": 1}
+        if cfg.student:  # another architecture: fresh weights (the teacher's initial weights do not fit it)
+            arch = {**{k: v for k, v in arch.items() if k != "weights"}, "name": cfg.student}
         torch.manual_seed(cfg.seed)
         student = nets.build_from_arch(arch, payload["mean"], payload["std"])
         macs_teacher = nets.count_macs(teacher, self.image_size)
         macs_student = nets.count_macs(student, self.image_size)
         console.log(
-            f"student: {arch['name']} width {cfg.student_width}, {macs_student / 1e6:.1f} M multiply-adds "
+            f"student: {arch['name']}"
+            + (f" width {arch['width']}" if not nets.is_backbone(str(arch["name"])) else "")
+            + f", {macs_student / 1e6:.1f} M multiply-adds "
             f"({macs_student / macs_teacher:.0%} of the trained model's {macs_teacher / 1e6:.1f} M); distilling for "
             f"{cfg.student_epochs} epoch(s)"
         )
@@ -333,6 +337,7 @@ class Optimizer:
         extra = {
             "student_of": "fp32",
             "student_width": cfg.student_width,
+            "student_architecture": str(arch["name"]),
             "student_epochs": cfg.student_epochs,
             "student_distill": cfg.student_distill,
             "student_train_seconds": round(time.perf_counter() - started, 1),
