@@ -90,6 +90,12 @@ def benchmark(params: Path = ParamsOption) -> None:
 
 
 @app.command()
+def tune(params: Path = ParamsOption) -> None:
+    """Search tune.space with Optuna on the validation split (pruned trials stop early; resumable, shareable)."""
+    _run_stage("pipeline.tune", params)
+
+
+@app.command()
 def card(params: Path = ParamsOption) -> None:
     """Write the model card (reports/model_card.md) of the shipped model from the pipeline's artifacts."""
     _run_stage("card", params)

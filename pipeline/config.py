@@ -143,6 +143,9 @@ class TrainConfig(Section):
     backbone_lr_factor: float = Field(0.1, ge=0.0, le=1.0)
     """torchvision/timm networks: the backbone's learning rate is `lr` times this; the classifier's is `lr`
     (fine-tuning pretrained features more gently than the fresh head). Our own networks train as one."""
+    early_stopping_patience: int = Field(0, ge=0, le=1000)
+    """With validation held out (`train_on_val: false`): stop after this many epochs without a better validation
+    accuracy and keep the best epoch's weights; 0 = off (the shipped recipe trains on validation)."""
     freeze_backbone_epochs: int = Field(0, ge=0)
     """torchvision/timm networks: the backbone's learning rate is 0 for this many first epochs (the fresh head
     settles before the pretrained features move)."""
@@ -423,6 +426,55 @@ class MonitorConfig(Section):
     """Breach when more than this fraction of requests fail (non-200 answer, timeout, dropped connection)."""
 
 
+class SearchRange(Section):
+    """One key of `tune.space`: a range (`low`, `high`, `log`) or a list of `choices`."""
+
+    low: float | None = Field(None, strict=False)
+    high: float | None = Field(None, strict=False)
+    log: bool = False
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SearchRange:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None or not self.choices:
+                raise ValueError("give either choices (a non-empty list) or low and high, not both")
+        elif self.low is None or self.high is None or not self.low < self.high:
+            raise ValueError(f"a range needs low < high, got low={self.low} high={self.high}")
+        elif self.log and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
+        return self
+
+
+class TuneConfig(Section):
+    """`pipeline tune`: an Optuna study over `space`, each trial the train stage with validation held out."""
+
+    space: dict[str, SearchRange] = Field(
+        default_factory=lambda: {
+            "train.lr": SearchRange(low=0.001, high=0.01, log=True),
+            "regularize.weight_decay": SearchRange(low=0.00005, high=0.005, log=True),
+            "regularize.label_smoothing": SearchRange(choices=[0.0, 0.1]),
+        }
+    )
+    """`section.key` of params.yaml -> a range or choices (checked against params' own bounds before any trial)."""
+    trials: int = Field(8, ge=1, le=10000)
+    """Trials of the study in all (complete or pruned), over every process and restart that shares its storage."""
+    timeout_s: float = Field(0.0, ge=0.0)
+    """Stop starting trials after this long (0 = no limit)."""
+    epochs: int = Field(0, ge=0, le=1000)
+    """Epochs per trial (0 = train.epochs)."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    """Stops a trial whose validation accuracy at an epoch is below the median of the others' there (median), or by
+    successive halving (hyperband)."""
+    storage: str = ""
+    """Optuna RDB storage URL (`postgresql+psycopg2://...` for the team stack's database); empty = sqlite tune.db in the
+    project. $PIPELINE_TUNE_STORAGE wins. Several `pipeline tune` processes on one storage share the study."""
+    study: str = ""
+    """Study name; empty = `tracking.experiment` + `-tune`."""
+    seed: int = 0
+
+
 class Params(Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -437,6 +489,7 @@ class Params(Section):
     deploy: DeployConfig = DeployConfig()
     monitor: MonitorConfig = MonitorConfig()
     tracking: TrackingConfig = TrackingConfig()
+    tune: TuneConfig = TuneConfig()
 
 
 class ConfigError(Exception):

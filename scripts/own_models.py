@@ -5,7 +5,8 @@ files, the served variant, its b32 img/s against PyTorch's default eager measure
     uv run python scripts/own_models.py DATA_FOLDER --size 160 --epochs 5 \\
         --model torchvision/mobilenet_v3_small --model torchvision/resnet18 --model timm/resnet10t
 
-DATA_FOLDER is a `data.source: folder` layout (class folders, or train/ and test/ with class folders). Prints a
+DATA_FOLDER is a `data.source: folder` layout (class folders, or train/ and test/ with class folders), or with
+--source gtsrb a folder holding torchvision's gtsrb/ (the sample: --resize stretch, the demo's augmentation). Prints a
 Markdown table and writes OUT/results.json (OUT: --out, default .own-models/). Long: every stage runs for real.
 """
 
@@ -40,11 +41,14 @@ def project(out: Path, name: str) -> Path:
 
 def configure(work: Path, args: argparse.Namespace, name: str) -> None:
     params = yaml.safe_load((work / "params.yaml").read_text())
-    params["data"].update({"source": "folder", "root": str(Path(args.data).resolve()), "download": False,
+    params["data"].update({"source": args.source, "root": str(Path(args.data).resolve()), "download": False,
                            "image_size": args.size, "resize": args.resize})  # fmt: skip
     params["model"].update({"name": name, "members": 1, "weights": "none"})
+
     params["train"].update({"epochs": args.epochs, "batch_size": 64, "checkpoint_every": 0, "lr": args.lr})
     params["augment"].update({"hflip": True, "random_resized_crop": 0.5, "rotation": 0.0, "shear": 0.0})
+    if args.source == "gtsrb":  # signs: the demo's augmentation (no flips, no crops that cut the sign)
+        params["augment"] = yaml.safe_load((REPO / "params.yaml").read_text())["augment"]
     params["evaluate"]["min_accuracy"] = 0.0
     params["optimize"].update({"finetune_epochs": args.finetune_epochs, "calibration_images": 256})
     params["benchmark"].update({"batch_sizes": [32], "min_seconds": 0.5, "latency_calls": 30, "profile": False})
@@ -56,8 +60,10 @@ def row(work: Path, name: str, wall: float) -> dict[str, object]:
     def read(path: str) -> dict[str, object]:
         return json.loads((work / path).read_text())
 
-    trained, bench, evaluation = read("reports/train/metrics.json"), read("reports/benchmark/metrics.json"), read(
-        "reports/evaluate/metrics.json"
+    trained, bench, evaluation = (
+        read("reports/train/metrics.json"),
+        read("reports/benchmark/metrics.json"),
+        read("reports/evaluate/metrics.json"),
     )
     manifest = read("models/manifest.json")
     variant = str(evaluation["variant"])
@@ -82,6 +88,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True)
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--resize", default="pad")
+    parser.add_argument("--source", default="folder", choices=["folder", "gtsrb"], help="gtsrb: DATA holds gtsrb/")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--finetune-epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.003)
@@ -107,8 +114,10 @@ def main() -> None:
     print("\n| network | training | served accuracy (trained) | served variant | b32 img/s | x default eager | size |")
     print("|---|---:|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| `{r['model']}` | {r['train_seconds']:.0f} s | {r['served_accuracy']:.4f} ({r['trained_accuracy']:.4f}) "
-              f"| {r['served']} | {r['served_b32_img_s']:,.0f} | {r['x_default_eager']:.2f}x | {r['size_mb']} MB |")
+        print(
+            f"| `{r['model']}` | {r['train_seconds']:.0f} s | {r['served_accuracy']:.4f} ({r['trained_accuracy']:.4f}) "
+            f"| {r['served']} | {r['served_b32_img_s']:,.0f} | {r['x_default_eager']:.2f}x | {r['size_mb']} MB |"
+        )
 
 
 if __name__ == "__main__":

@@ -73,11 +73,12 @@ def test_params_yaml_and_the_config_defaults_are_one_set() -> None:
 
     shipped = load_params(REPO / "params.yaml")
     defaults = Params()
+    default_values = defaults.model_dump()
     differ = [
-        f"{section}.{key}: params.yaml {value!r}, config.py {getattr(getattr(defaults, section), key)!r}"
+        f"{section}.{key}: params.yaml {value!r}, config.py {default_values[section][key]!r}"
         for section, fields in shipped.model_dump().items()
         for key, value in fields.items()
-        if getattr(getattr(defaults, section), key) != value
+        if default_values[section][key] != value
     ]
     assert differ == []
     # ... and params.yaml spells out every key, so it documents the whole configuration.

@@ -191,11 +191,17 @@ def worker(
     optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, t.backbone_lr_factor, frozen_steps)
     forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
 
-    trainer: dict[str, Any] = {"history": [], "epoch_loss": 0.0, "epoch_samples": 0, "train_seconds": 0.0}
+    trainer: dict[str, Any] = {
+        "history": [],
+        "epoch_loss": 0.0,
+        "epoch_samples": 0,
+        "train_seconds": 0.0,
+        "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
+    }
     if resume is not None:
         ckpt.load(resume.folder, model, optim)
         loader.load_state_dict(resume.state["loader"])
-        trainer = {k: resume.state[k] for k in trainer}
+        trainer = {k: resume.state.get(k, v) for k, v in trainer.items()}
         if d.main:
             console.log(f"resumed from {resume.folder} (epoch {loader.epoch + 1}, step {resume.state['step']})")
 
@@ -246,8 +252,13 @@ def worker(
     for entry in trainer["history"] if d.main else []:  # a resumed run's MLflow run gets the whole curve
         log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, int(entry["epoch"]))
 
+    # Early stopping (validation held out): the best epoch's weights, kept in memory (a resumed run keeps the best
+    # since it resumed); val accuracy is the same on every rank, so every rank stops together.
+    best: dict[str, Any] = {"accuracy": -1.0, "state": None, "epoch": 0, "stale": 0}
+    patience = t.early_stopping_patience if val_split is not None else 0
+
     model.train()
-    while loader.epoch < t.epochs:
+    while loader.epoch < t.epochs and not trainer["stopped_early"]:
         epoch = loader.epoch
         remaining = spe - loader.step_in_epoch
         session_samples = 0
@@ -302,11 +313,24 @@ def worker(
                 f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
             )
             log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, epoch + 1)
+        if patience and val_acc is not None:
+            if val_acc > best["accuracy"]:
+                best.update(accuracy=val_acc, state=ckpt.full_state_dict(model), epoch=epoch + 1, stale=0)
+            else:
+                best["stale"] += 1
+            if best["stale"] >= patience:
+                if d.main:
+                    console.log(
+                        f"early stopping after epoch {epoch + 1}: no better validation accuracy for {patience} "
+                        f"epoch(s); keeping epoch {best['epoch']}'s weights ({best['accuracy']:.4f})"
+                    )
+                trainer["stopped_early"] = True
+                break
 
     if last_saved != step:
         distributed.buffers_from_rank0(model, t.strategy, d)
         ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
-    full = ckpt.full_state_dict(model)
+    full = best["state"] if best["state"] is not None else ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}
     if d.main:
         mean, std = input_stats(manifest, weights)
@@ -327,6 +351,11 @@ def worker(
             "world_size": world,
             "device": str(d.device),
             "history": history,
+            **(
+                {"best_epoch": best["epoch"], "best_val_accuracy": best["accuracy"]}
+                if best["state"] is not None
+                else {}
+            ),
         }
     d.barrier()
     return summary
