@@ -52,6 +52,8 @@ def configure(work: Path, args: argparse.Namespace, name: str) -> None:
     params["evaluate"]["min_accuracy"] = 0.0
     params["optimize"].update({"finetune_epochs": args.finetune_epochs, "calibration_images": 256})
     params["benchmark"].update({"batch_sizes": [32], "min_seconds": 0.5, "latency_calls": 30, "profile": False})
+    if args.backends:  # e.g. onnxruntime,torch-eager: the served runtime and PyTorch's default, side by side
+        params["benchmark"]["backends"] = args.backends.split(",")
     params["tracking"]["enabled"] = False
     (work / "params.yaml").write_text(yaml.safe_dump(params))
 
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--finetune-epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--out", default=".own-models")
+    parser.add_argument("--backends", default="", help="benchmark.backends, comma-separated (default: every one)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     rows = []

@@ -372,3 +372,30 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
         f"{name}: served accuracy {json.loads((work / 'reports/evaluate/metrics.json').read_text())['accuracy']:.4f}"
         f" on {len(files)} held-out files (2 epochs from random weights: the plumbing, not a recipe)"
     )
+
+
+@pytest.mark.slow
+def test_the_tuned_winner_goes_through_the_pipeline_in_one_command(project: tuple[Path, dict[str, str]]) -> None:
+    """`pipeline tune`, then the documented `dvc exp run $(cat reports/tune/best.args)`: the best values land in the
+    experiment's params and every stage to the card runs with them."""
+    from tests.helpers.project import GIT_IDENTITY
+
+    work, env = project
+    env = dict(env, **GIT_IDENTITY)
+    tiny_pipeline_params(work)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["tune"].update({"trials": 2, "epochs": 2, "space": {"train.lr": {"choices": [0.01, 0.003]}}})
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    run(["git", "add", "-A"], work, env)
+    run(["git", "commit", "-qm", "baseline"], work, env)
+    dvc = [sys.executable, "-m", "dvc"]
+    run([*dvc, "repro", "prepare"], work, env)
+    run([sys.executable, "-m", "pipeline.cli", "tune"], work, env)
+    best = yaml.safe_load((work / "reports/tune/best.yaml").read_text())
+    args = (work / "reports/tune/best.args").read_text().split()
+    assert args == ["-S", f"train.lr={best['train.lr']}"]
+    run([*dvc, "exp", "run", *args, "card"], work, env)
+    assert yaml.safe_load((work / "params.yaml").read_text())["train"]["lr"] == best["train.lr"]
+    assert (work / "reports/model_card.md").is_file() and (work / "models/serving.json").is_file()
+    shown = run([*dvc, "exp", "show", "--json"], work, env)
+    assert f'"lr": {best["train.lr"]}' in shown
