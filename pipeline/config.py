@@ -94,7 +94,8 @@ class ModelConfig(Section):
     dark photos); `dataset` uses the training split's per-channel mean/std. trafficsignnet: always dataset."""
     members: int = Field(2, ge=1, le=8)
     """Committee size: > 1 trains that many differently initialised copies side by side (same batches,
-    each its own loss) and predicts with their mean probability. Costs members x the compute."""
+    each its own loss) and predicts with their mean probability. Costs members x the compute. Our own networks
+    only: a torchvision/timm network trains as one (copies of one set of pretrained weights would not differ)."""
 
 
 class TrainConfig(Section):

@@ -232,3 +232,14 @@ def test_a_student_of_another_architecture_is_distilled_exported_and_judged(proj
     assert variants["student-onnx"]["accepted"] and variants["student-onnx"]["parity"]["passed"]
     payload = model_file.read(Path("models/variants/student.pt"))[1]
     assert payload["arch"]["name"] == "torchvision/mobilenet_v3_small" and "weights" not in payload["arch"]
+
+
+def test_library_networks_train_as_one_network_whatever_model_members_says(project: Path) -> None:
+    from pipeline.artifacts.prepared import read_manifest
+
+    manifest = read_manifest(Path("data/prepared"))
+    backbone = parse_params({"model": {"name": "torchvision/resnet18", "members": 2}})
+    assert train.model_arch(backbone, manifest)["members"] == 1
+    assert not isinstance(train.build_model(backbone, manifest), nets.Committee)
+    ours = parse_params({"model": {"name": "signnet", "members": 2}})
+    assert train.model_arch(ours, manifest)["members"] == 2
