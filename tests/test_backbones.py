@@ -243,3 +243,21 @@ def test_library_networks_train_as_one_network_whatever_model_members_says(proje
     assert not isinstance(train.build_model(backbone, manifest), nets.Committee)
     ours = parse_params({"model": {"name": "signnet", "members": 2}})
     assert train.model_arch(ours, manifest)["members"] == 2
+
+
+def test_batchnorm_statistics_are_re_estimated_on_the_training_images() -> None:
+    """MobileNetV3's BatchNorm momentum is 0.01: after a short run its running statistics are still nearly their
+    initial ones. Recalibrated, the first layer's running mean is the mean of its input over the images given."""
+    from pipeline.data.loader import to_float
+    from pipeline.training.engine import recalibrate_batchnorm
+
+    torch.manual_seed(0)
+    model = nets.build("torchvision/mobilenet_v3_small", MEAN, STD, 32, num_classes=3).eval()
+    first_bn = model.net.features[0][1]
+    assert first_bn.momentum == pytest.approx(0.01)
+    images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    assert recalibrate_batchnorm(model, images, 20) > 10  # equal batches: the average of batch means is the mean
+    with torch.no_grad():
+        conv_out = model.net.features[0][0](model.normalize(to_float(images)))
+    assert torch.allclose(first_bn.running_mean, conv_out.mean(dim=(0, 2, 3)), atol=1e-4)
+    assert first_bn.momentum == pytest.approx(0.01) and not model.training  # restored

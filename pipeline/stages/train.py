@@ -41,7 +41,7 @@ from pipeline.errors import StageError
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
 from pipeline.training import distributed
-from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr
+from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr, recalibrate_batchnorm
 
 TRAIN_REPORTS = REPORTS_DIR / "train"
 # Test hook: SIGKILL this process right after the given global step (and its checkpoint, if any); with
@@ -329,6 +329,11 @@ def worker(
                 trainer["stopped_early"] = True
                 break
 
+    if nets.is_backbone(params.model.name) and best["state"] is None:
+        # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
+        # EfficientNet): re-estimated on up to 2,048 training images, so eval mode sees this data's statistics.
+        spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
+        recalibrate_batchnorm(model, loader.split.images[spread], t.eval_batch_size // 4 or 1, d, amp)
     if last_saved != step:
         distributed.buffers_from_rank0(model, t.strategy, d)
         ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)

@@ -161,3 +161,32 @@ def accuracy(model: nn.Module, batches: object, d: Dist = SINGLE, amp: torch.dty
         dist.all_reduce(correct)
     model.train(was_training)
     return float(correct[0] / max(1.0, float(correct[1])))
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    model: nn.Module, images: torch.Tensor, batch_size: int, d: Dist = SINGLE, amp: torch.dtype | None = None
+) -> int:
+    """Re-estimate every BatchNorm's running mean/variance as the plain average over `images` (uint8 NCHW, no
+    augmentation), in train mode without gradients ("precise BN"). torchvision's MobileNetV3 and EfficientNet keep
+    their running statistics with momentum 0.01: after a short training from scratch they are still mostly their
+    initial values, and eval mode then predicts one class for every image. Every rank sees the same images, so the
+    statistics agree. Returns the BatchNorm layers recalibrated."""
+    from pipeline.data.loader import to_float
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms or len(images) == 0:
+        return 0
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over every batch below
+    was_training = model.training
+    model.train()
+    for start in range(0, len(images), batch_size):
+        with autocast(d.device, amp):
+            model(to_float(images[start : start + batch_size]).to(d.device))
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    model.train(was_training)
+    return len(norms)
