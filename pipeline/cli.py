@@ -226,6 +226,12 @@ def bench_serve(ctx: typer.Context) -> None:
     _tool("pipeline.bench.serve", ctx)
 
 
+@bench.command("models", context_settings=PASS_THROUGH)
+def bench_models(ctx: typer.Context) -> None:
+    """One row per network on your folder: dvc repro evaluate per network, training time, served accuracy, speed."""
+    _tool("pipeline.bench.models", ctx)
+
+
 @bench.command("gpu", context_settings=PASS_THROUGH)
 def bench_gpu(ctx: typer.Context) -> None:
     """Inference (eager fp32/bf16, compiled, CUDA graphs, ONNX Runtime CUDA) and training on the GPU beside the CPU."""

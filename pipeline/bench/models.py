@@ -2,7 +2,7 @@
 only params changed, then the figures the stages wrote (training time, served accuracy on the held-out original
 files, the served variant, its b32 img/s against PyTorch's default eager measured side by side, its size).
 
-    uv run python scripts/own_models.py DATA_FOLDER --size 160 --epochs 5 \\
+    uv run pipeline bench models DATA_FOLDER --size 160 --epochs 5 --backends onnxruntime,torch-eager \\
         --model torchvision/mobilenet_v3_small --model torchvision/resnet18 --model timm/resnet10t
 
 DATA_FOLDER is a `data.source: folder` layout (class folders, or train/ and test/ with class folders), or with
@@ -20,10 +20,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def project(out: Path, name: str) -> Path:
@@ -59,7 +60,7 @@ def configure(work: Path, args: argparse.Namespace, name: str) -> None:
 
 
 def row(work: Path, name: str, wall: float) -> dict[str, object]:
-    def read(path: str) -> dict[str, object]:
+    def read(path: str) -> dict[str, Any]:
         return json.loads((work / path).read_text())
 
     trained, bench, evaluation = (
@@ -69,10 +70,10 @@ def row(work: Path, name: str, wall: float) -> dict[str, object]:
     )
     manifest = read("models/manifest.json")
     variant = str(evaluation["variant"])
-    size = next(v["size_bytes"] for v in manifest["variants"] if v["name"] == variant)  # type: ignore[index]
+    size = next(v["size_bytes"] for v in manifest["variants"] if v["name"] == variant)
     return {
         "model": name,
-        "train_seconds": round(float(trained["train_seconds"]), 1),  # type: ignore[arg-type]
+        "train_seconds": round(float(trained["train_seconds"]), 1),
         "served_accuracy": evaluation["accuracy"],
         "trained_accuracy": evaluation.get("trained_accuracy"),
         "test_files": evaluation["images"],
@@ -84,7 +85,7 @@ def row(work: Path, name: str, wall: float) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data")
     parser.add_argument("--model", action="append", required=True)
@@ -96,7 +97,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--out", default=".own-models")
     parser.add_argument("--backends", default="", help="benchmark.backends, comma-separated (default: every one)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     rows = []
     for name in args.model:
@@ -122,6 +123,8 @@ def main() -> None:
             f"| {r['served']} | {r['served_b32_img_s']:,.0f} | {r['x_default_eager']:.2f}x | {r['size_mb']} MB |"
         )
 
+    return 0 if rows else 1
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
