@@ -9,11 +9,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from pipeline import console
+from pipeline import console, nets
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, training_images
 from pipeline.training.distributed import amp_dtype
-from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr
+from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr, recalibrate_batchnorm
 
 
 def train_from_teacher(
@@ -54,6 +54,11 @@ def train_from_teacher(
             seen += len(b.labels)
         if log is not None:
             log({f"{label.replace('-', '')}_loss": epoch_loss / max(1, seen)}, loader.epoch)
+    if any(isinstance(m, nets.Backbone) for m in model.modules()):
+        # Library networks' BatchNorm momenta are small (0.01 in MobileNetV3): after a short fine-tune their running
+        # statistics lag the pruned network's, so they are re-estimated as train does (our networks: as before).
+        spread = torch.linspace(0, len(split) - 1, min(len(split), 2048)).long()
+        recalibrate_batchnorm(model, split.images[spread], batch, amp=amp)
     return model.eval()
 
 
