@@ -29,11 +29,6 @@ class WeightsError(ValueError):
     """Weights that cannot be used: the message is one line naming the file and what is wrong."""
 
 
-def is_backbone(name: str) -> bool:
-    family, sep, arch = name.partition("/")
-    return bool(sep) and family in FAMILIES and bool(arch)
-
-
 def check_name(name: str) -> None:
     """A ValueError in one line when `name` is no network of its library."""
     family, _, arch = name.partition("/")

@@ -30,8 +30,11 @@ ARCHITECTURES = ("trafficsignnet", "signnet")
 
 
 def is_backbone(name: str) -> bool:
-    """A library network (`torchvision/<arch>`, `timm/<arch>`), not one of ours."""
-    return name.partition("/")[0] in ("torchvision", "timm") and "/" in name
+    """A library network (`torchvision/<arch>`, `timm/<arch>`: backbones.FAMILIES), not one of ours."""
+    from pipeline.backbones import FAMILIES
+
+    family, sep, arch = name.partition("/")
+    return bool(sep) and family in FAMILIES and bool(arch)
 
 
 def backbone_parts(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
