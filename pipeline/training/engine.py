@@ -119,7 +119,7 @@ class Engine:
         self.optimizer = optimizer
         self.lr_at = lr_at
         self.loss = loss
-        self.forward = forward or model
+        self.forward = forward if forward is not None else model  # not `or`: a compiled Committee raises on len()
         self.d = d
         self.amp = amp
         self.seed = seed

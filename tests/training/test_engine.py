@@ -58,3 +58,25 @@ def test_a_step_sets_the_scheduled_rate_and_learns() -> None:
         engine.step(step, images, labels, 16)
     assert optim.param_groups[0]["lr"] == pytest.approx(0.01 / 30)
     assert engine.step(30, images, labels, 16) < first
+
+
+def test_the_engine_takes_a_forward_that_cannot_be_truth_tested() -> None:
+    """torch 2.11's compiled module raises on len() of a wrapped Committee, so `forward or model` failed the train
+    stage with `train.compile: true` on CUDA (seen on an H200); the engine must use the forward it is given."""
+    torch.manual_seed(0)
+    model = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=4, dropout=0.0)
+    calls: list[int] = []
+
+    class Forward:
+        def __len__(self) -> int:
+            raise TypeError("Committee does not support len()")
+
+        def __call__(self, images: torch.Tensor) -> torch.Tensor:
+            calls.append(len(images))
+            return model(images)
+
+    forward = Forward()
+    engine = Engine(model, make_optimizer(model, "adamw", 0.01, 0.0), lambda step: 0.01, Loss(), forward=forward)
+    assert engine.forward is forward
+    engine.step(0, torch.rand(8, 3, 16, 16), torch.randint(0, 43, (8,)), 8)
+    assert calls == [8]
