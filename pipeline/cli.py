@@ -138,13 +138,29 @@ def monitor(
         None, "--url", "-u", help="Server base URL (else $PIPELINE_MONITOR_URL, else monitor.url)."
     ),
     images: int | None = typer.Option(None, help="Override monitor.images (0 = all)."),
+    drift: bool = typer.Option(
+        False, "--drift", help="Check drift instead: the server's live signals against its drift reference."
+    ),
+    window: float | None = typer.Option(None, "--window", min=0, help="--drift: seconds of traffic (monitor.drift.window_s)."),
+    prometheus: str | None = typer.Option(
+        None, "--prometheus", help="--drift: read the signals from this Prometheus server (all replicas)."
+    ),
+    reference: Path | None = typer.Option(
+        None, "--reference", help="--drift: this drift_reference.json instead of the server's /v1/drift-reference."
+    ),
 ) -> None:
-    """Probe a running server with labelled images and its /metrics; fail on a threshold breach."""
+    """Probe a running server with labelled images and its /metrics; fail on a threshold breach.
+    With --drift: compare the server's live drift signals with its reference; fail naming each drifted signal."""
     loaded = _load(params, "monitor", {"images": images})
-    from pipeline import monitor as probe
-
     try:
-        probe.run(loaded, url=url)
+        if drift:
+            from pipeline import drift_check
+
+            drift_check.run(loaded, url=url, prometheus=prometheus, reference_path=reference, window_s=window)
+        else:
+            from pipeline import monitor as probe
+
+            probe.run(loaded, url=url)
     except StageError as exc:
         _fail(str(exc))
 

@@ -402,6 +402,20 @@ class DeployConfig(Section):
     """With no Docker engine reachable: record a skipped deploy instead of failing the stage."""
 
 
+class DriftConfig(Section):
+    """`pipeline monitor --drift`: live traffic against the drift reference (pipeline/drift.py)."""
+
+    window_s: float = Field(0.0, ge=0.0, le=86400.0)
+    """Compare what the server counted over this many seconds (two scrapes of /metrics, or Prometheus'
+    `increase(...[window])` with --prometheus); 0 = everything since the server started."""
+    min_images: int = Field(100, ge=1)
+    """Fewer answered images than this: too little traffic to judge (reported, not a breach)."""
+    max_psi: float = Field(0.2, gt=0.0)
+    """A signal drifts when its population stability index exceeds this ..."""
+    max_p_value: float = Field(0.01, gt=0.0, le=1.0)
+    """... and a chi-square test says the shift is not sampling noise (p-value below this)."""
+
+
 class MonitorConfig(Section):
     """`pipeline monitor`: probe a deployed server with labelled test images and check its health thresholds."""
 
@@ -425,6 +439,7 @@ class MonitorConfig(Section):
     """Breach when the 99th percentile of request latency (client side, one request = one batch) is above this."""
     max_error_rate: float = Field(0.01, ge=0.0, le=1.0)
     """Breach when more than this fraction of requests fail (non-200 answer, timeout, dropped connection)."""
+    drift: DriftConfig = DriftConfig()
 
 
 class SearchRange(Section):

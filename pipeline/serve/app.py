@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pipeline import drift
 from pipeline.config import ServeConfig
 from pipeline.preprocess import Box
 from pipeline.serve.access import RequestContext, flush_access_log
@@ -186,6 +187,16 @@ class Metrics:
         return BatchStats(on_batch=on_batch, on_queue=self.queue.set)
 
 
+def drift_signals(model: ServedModel, registry: CollectorRegistry) -> drift.SignalCounts:
+    """Counted in plain lists, exposed by a custom collector (cheap); with several workers through
+    prometheus_client's own multiprocess metrics instead, which it sums over the workers' files."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return drift.PrometheusSignals(model.classes, model.version, registry)
+    counts = drift.SignalCounts(list(model.classes))
+    registry.register(drift.Collector(counts, model.version))
+    return counts
+
+
 class Observe:
     """Prometheus request metrics as a plain ASGI middleware (Starlette's BaseHTTPMiddleware would add a
     task and a memory stream to every request)."""
@@ -269,6 +280,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     metrics = Metrics(config.max_batch_size)
+    signals = drift_signals(model, metrics.registry)
     batcher = DynamicBatcher(
         model.probabilities,
         config.max_batch_size,
@@ -338,10 +350,14 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # never a bare 500 page
         return _error(500, f"internal error: {type(exc).__name__}")
 
-    async def run_model(images: np.ndarray) -> np.ndarray:
+    async def run_model(images: np.ndarray, sizes: list[tuple[int, int]] | None = None) -> np.ndarray:
         try:
             probabilities = await batcher.infer(images, config.request_timeout_s)
             metrics.images.inc(len(images))  # classified ones only: refused or timed-out requests do not count
+            signals.add_outputs(probabilities)  # the drift signals (pipeline/drift.py) of answered images only
+            signals.add_images(images)
+            if sizes:
+                signals.add_sizes(sizes)
             return probabilities
         except QueueFull:
             raise HTTPException(503, "server busy: inference queue is full", {"Retry-After": "1"}) from None
@@ -356,9 +372,11 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         if version is not None and version != model.version:
             raise HTTPException(404, f"unknown version {version!r} of {name!r}; this server serves {model.version!r}")
 
-    async def decode(items: list[tuple[bytes, Box | None]]) -> np.ndarray:
+    async def decode(items: list[tuple[bytes, Box | None]]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The model's input and each file's (width, height)."""
         try:
             opened = peek_images(items, config.max_image_pixels)  # headers only: cheap
+            sizes = [image.size for image, _ in opened]
             total = pixel_count(opened)
             if total > config.max_request_pixels:
                 raise BadRequest(
@@ -366,9 +384,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                     413,
                 )
             if total <= INLINE_DECODE_PIXELS:  # small images: a thread hop costs more
-                return decode_opened(opened, model.framing)
+                return decode_opened(opened, model.framing), sizes
             # larger ones are CPU work: keep it off the event loop
-            return await asyncio.to_thread(decode_opened, opened, model.framing)
+            return await asyncio.to_thread(decode_opened, opened, model.framing), sizes
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
@@ -473,11 +491,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             inputs = tensor_images(parsed, binary, model.image_size, config.max_images_per_request)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
+        sizes = None
         if isinstance(inputs[0], np.ndarray):
             images = inputs[0]
         else:
-            images = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
-        probabilities = await run_model(images)
+            images, sizes = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
+        probabilities = await run_model(images, sizes)
         wanted = [o.name for o in parsed.outputs] if parsed.outputs else list(OUTPUT_NAMES)
         unknown = [n for n in wanted if n not in OUTPUT_NAMES]
         if unknown:
@@ -561,7 +580,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         return await answer(items, top_k)
 
     async def answer(items: list[tuple[bytes, Box | None]], top_k: int) -> Response:
-        probabilities = await run_model(await decode(items))
+        probabilities = await run_model(*await decode(items))
         payload = {
             "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
             "predictions": [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)],
@@ -579,6 +598,21 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         if model.card is None:
             raise HTTPException(404, "no model card describes the served variant: run `pipeline card` before serving")
         return Response(model.card, media_type="text/markdown; charset=utf-8")
+
+    @app.get(
+        "/v1/drift-reference",
+        tags=["v1"],
+        response_model=dict[str, Any],
+        responses=_errors(404, e404="no drift reference was counted on the served variant"),
+    )
+    async def drift_reference_route() -> Response:
+        """What the served variant saw and answered on the original test files, in the buckets of /metrics'
+        drift signals (pipeline/drift.py): what `pipeline monitor --drift` compares live traffic with."""
+        if model.drift_reference is None:
+            raise HTTPException(
+                404, "no drift reference was counted on the served variant: run `pipeline evaluate` before serving"
+            )
+        return Response(json_bytes(model.drift_reference.model_dump(mode="json")), media_type="application/json")
 
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import model_card
+from pipeline.artifacts.drift_reference import DriftReference, read_for
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
@@ -30,6 +31,8 @@ class ServedModel:
     """Intra-op threads of the runtime (serve.threads, else the container's CPU quota)."""
     card: str | None = None
     """The model card (Markdown) when one describes this variant: /v1/model-card."""
+    drift_reference: DriftReference | None = None
+    """The drift signals counted on the test files with this variant (evaluate): /v1/drift-reference."""
 
     @property
     def image_size(self) -> int:
@@ -82,4 +85,12 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         predict_logits=runtime.predict,
         threads=threads,
         card=model_card.read_markdown_for(variant_name),
+        drift_reference=current_reference(variant_name, variant.sha256[:12]),
     )
+
+
+def current_reference(variant: str, version: str) -> DriftReference | None:
+    """The evaluate stage's drift reference of exactly this file (a rebuilt variant's old reference is no
+    reference: the server then has none, and says so at /v1/drift-reference)."""
+    reference = read_for(variant)
+    return reference if reference is not None and reference.model_version == version else None

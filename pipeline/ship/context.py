@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import REPORTS_DIR, model_card
+from pipeline.artifacts import REPORTS_DIR, drift_reference, model_card
 from pipeline.console import log
 from pipeline.errors import StageError
 
@@ -228,6 +228,12 @@ def stage_context(
         log(
             f"containerize: no model card of {model.variant} in {reports_dir}: the image has none (run `pipeline card`)"
         )
+    # The drift reference counted on the shipped variant: /v1/drift-reference, `pipeline monitor --drift`.
+    reference = drift_reference.read_for(model.variant, reports_dir)
+    if reference is not None:
+        drift_reference.write(reference, context / "app" / drift_reference.REFERENCE_PATH)
+    else:
+        log(f"containerize: no drift reference of {model.variant} in {reports_dir}: run `pipeline evaluate`")
     for rel in model.files:
         target = context / "app" / "models" / rel
         target.parent.mkdir(parents=True, exist_ok=True)

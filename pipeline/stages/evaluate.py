@@ -10,7 +10,9 @@ optimisation cost or gained.
 Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class accuracy, the worst classes),
 confusion.csv (one row per test image, `actual,predicted`: DVC's confusion plot), confusion.png, per_class.png,
 predictions.json (artifacts.predictions: the shipped file's class for every test image and file, which deploy's
-smoke test must get through the API, file for file), and logs all of it to one MLflow run.
+smoke test must get through the API, file for file), drift_reference.json (artifacts.drift_reference: the drift
+signals of pipeline/drift.py on the original files, which the image carries and `pipeline monitor --drift`
+compares live traffic with), and logs all of it to one MLflow run.
 `evaluate.min_accuracy` fails the stage (StageError) when the shipped model's accuracy is below it.
 """
 
@@ -23,10 +25,11 @@ import numpy as np
 
 from pipeline import console
 from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import drift_reference
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
-from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest, read_split
+from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest, read_split, read_test_files
 from pipeline.client import fp32_tensor
 from pipeline.config import Params
 from pipeline.errors import StageError
@@ -55,6 +58,34 @@ def classes_of(logits: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
     (ServedModel.probabilities) or the trained torch model (`torch_logits`)."""
     out = [logits(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+
+
+def probabilities_of(shipped: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """The shipped model's [N, C] probabilities, as the server computes them (ServedModel.probabilities)."""
+    out = [shipped.probabilities(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def write_drift_reference(
+    variant: str, version: str, classes: list[str], images: np.ndarray, probabilities: np.ndarray, files: bool = True
+) -> None:
+    """The drift signals on the original test files (else the prepared crops), as the server counts them
+    (pipeline/drift.py)."""
+    from PIL import Image
+
+    from pipeline import drift
+
+    counts = drift.SignalCounts(list(classes))
+    sizes = []
+    for original in read_test_files(PREPARED_DIR) if files else []:
+        with Image.open(original.path) as image:
+            sizes.append(image.size)
+    counts.add_sizes(sizes or [(images.shape[-1], images.shape[-2])] * len(images))
+    counts.add_images(images)
+    counts.add_outputs(probabilities)
+    what = "original test files through the server's decoding" if files else "prepared test crops (no original files)"
+    source = f"{len(images)} {what}"
+    drift_reference.write(drift.to_reference(counts, variant, version, source))
 
 
 def torch_logits(model: Any) -> Any:
@@ -174,7 +205,8 @@ def run(params: Params) -> None:
         originals = served_test_inputs(PREPARED_DIR)
         # The shipped file: the prepared crops as deploy's FP32 tensors, and the original files as the server decodes
         roi = classes_of(shipped.probabilities, fp32_tensor(arrays.images), cfg.batch_size)
-        served = None if originals is None else classes_of(shipped.probabilities, originals[0], cfg.batch_size)
+        served_probabilities = None if originals is None else probabilities_of(shipped, originals[0], cfg.batch_size)
+        served = None if served_probabilities is None else served_probabilities.argmax(1).astype(np.int64)
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
         # The trained model on the same inputs, beside it.
         trained_roi = predict(model, test.images, cfg.batch_size)
@@ -188,6 +220,13 @@ def run(params: Params) -> None:
             "trained_errors": int((trained != labels).sum()),
         }
         write_reports(labels, roi if served is None else served, metrics, classes)
+        if originals is not None and served_probabilities is not None:
+            write_drift_reference(shipped.variant, shipped.version, classes, originals[0], served_probabilities)
+        else:  # prepared data without original files (older, or a test's fake): the crops, as tensors
+            crops = fp32_tensor(arrays.images)
+            write_drift_reference(
+                shipped.variant, shipped.version, classes, crops, probabilities_of(shipped, crops, cfg.batch_size), False
+            )
         predictions_file.write(
             predictions_file.Predictions(
                 variant=shipped.variant,
@@ -221,7 +260,7 @@ def run(params: Params) -> None:
             }
         )
         mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
-        for name in ("metrics.json", "confusion.csv", "confusion.png", "per_class.png", "predictions.json"):
+        for name in ("metrics.json", "confusion.csv", "confusion.png", "per_class.png", "predictions.json", "drift_reference.json"):
             mlrun.log_artifact(EVAL_REPORTS / name, "reports")
         worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
         console.log(
