@@ -32,7 +32,7 @@ class DataConfig(Section):
 
     source: Literal["gtsrb", "folder", "csv"] = "gtsrb"
     """`gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
-    (or train/<class>/ and test/<class>/). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
+    (or `train/<class>/` and `test/<class>/`). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
     columns (pipeline/data/listing.py). Classes come from the data."""
     root: PathField = Path("data/raw")
     """gtsrb: the folder that holds (or receives) torchvision's `gtsrb/` layout ($GTSRB_ROOT overrides it);

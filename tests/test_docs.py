@@ -48,6 +48,11 @@ def test_the_readmes_relative_links_lead_to_files() -> None:
     assert not broken, f"README.md links to missing files: {broken}"
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # no access log on the test's output
+        pass
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The site built with `mkdocs build --strict` into a temporary folder, served by Python's http.server on a
@@ -60,8 +65,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     assert "WARNING" not in build.stderr, build.stderr
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(out))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    handler = functools.partial(QuietHandler, directory=str(out))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
