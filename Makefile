@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python >= 3.11 and git are all it needs):
 #   make pipeline   # create the environment if needed, then run the DVC pipeline (dvc repro)
 #   make test       # create the environment if needed, then lint, type-check and run every test (as CI does)
+#   make docs       # the documentation site (docs/, mkdocs.yml) into site/, as CI and the Pages workflow build it
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -18,13 +19,17 @@ LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client pack
 # `make act WORKFLOW=pipeline` runs a workflow's jobs here with act (scripts/act.sh; ACT_ARGS for more flags).
 WORKFLOW ?= ci
 ACT_ARGS ?=
+# `make docs` builds the site (mkdocs.yml, docs/) into site/ in its own small environment: the docs group of
+# uv.lock only, no torch (mkdocstrings reads the package's source without importing it).
+DOCS_VENV ?= .venv-docs
 
-.PHONY: help env env-light pipeline test test-fast lint mlflow-ui platform-up platform-down platform-image act clean
+.PHONY: help env env-light pipeline test test-fast docs lint mlflow-ui platform-up platform-down platform-image act clean
 
 help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
 	@echo "make test       lint, type-check and run all tests, as CI does"
 	@echo "make test-fast  the fast tests only (no 'slow' marker)"
+	@echo "make docs       build the documentation site into site/ (mkdocs build --strict)"
 	@echo "make mlflow-ui  browse the tracked runs at http://127.0.0.1:$(MLFLOW_UI_PORT) (MLFLOW_UI_PORT=...)"
 	@echo "make platform-up    the team tracking stack here: PostgreSQL + SeaweedFS S3 + MLflow server (PLATFORM_DIR)"
 	@echo "make platform-down  stop it (data kept in PLATFORM_DIR)"
@@ -74,6 +79,9 @@ test: lint
 test-fast: env
 	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)
 
+docs: $(UV)
+	NO_MKDOCS_2_WARNING=1 UV_PROJECT_ENVIRONMENT=$(DOCS_VENV) $(UV) run --frozen --only-group docs mkdocs build --strict
+
 mlflow-ui: env
 	@$(UV) run --frozen python -m pipeline.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT
 	$(UV) run --frozen mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
@@ -82,4 +90,4 @@ act: env
 	scripts/act.sh $(WORKFLOW) $(ACT_ARGS)
 
 clean:
-	rm -rf .tools .venv .venv-light .act-artifacts .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .tools .venv .venv-light .venv-docs site .act-artifacts .mypy_cache .ruff_cache .pytest_cache

@@ -32,7 +32,7 @@ class DataConfig(Section):
 
     source: Literal["gtsrb", "folder", "csv"] = "gtsrb"
     """`gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
-    (or train/<class>/ and test/<class>/). `csv`: `root` is a CSV file with path,label[,group][,box][,split]
+    (or `train/<class>/` and `test/<class>/`). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
     columns (pipeline/data/listing.py). Classes come from the data."""
     root: PathField = Path("data/raw")
     """gtsrb: the folder that holds (or receives) torchvision's `gtsrb/` layout ($GTSRB_ROOT overrides it);
@@ -117,7 +117,7 @@ class TrainConfig(Section):
     recipes with it off (`dvc exp run -S train.train_on_val=false`: validation is then held out and its accuracy
     reported per epoch); with it on there is no held-out validation figure (`val_accuracy` is null). Why on: one
     60 km/h sign's digit glyph is only in a validation track, and every network trained without it misreads
-    that sign in the official test images (the README's recipe section)."""
+    that sign in the official test images (docs/results.md, the recipe section)."""
     seed: int = 0
     nproc: int = Field(1, ge=1, le=64)
     """Processes to train with (one per GPU on CUDA). Under torchrun, torchrun's world size wins."""
@@ -307,7 +307,7 @@ class OptimizeConfig(Section):
     BatchNorm's scale folded in; then `prune_multiple`); 0 = no pruning. The default, with `prune_members: 1`,
     keeps the committee's first network at 24-56-112 channels (35 % of the committee's multiply-adds): the
     largest network of multiples of 8 under 40 %; distilled from the committee for `finetune_epochs` it serves
-    about twice as fast at the committee's accuracy on the official test images (README, "optimize")."""
+    about twice as fast at the committee's accuracy on the official test images (docs/results.md, "optimize")."""
     prune_norm: Literal["l1", "l2"] = "l1"
     """Norm that ranks the filters of a convolution for pruning."""
     prune_members: int = Field(1, ge=0, le=64)

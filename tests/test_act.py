@@ -1,4 +1,4 @@
-"""The GitHub workflows run end to end on this machine with act, offline (`scripts/act.sh`, the README's command):
+"""The GitHub workflows run end to end on this machine with act, offline (`scripts/act.sh`, the command in docs/ci.md):
 ci.yml with a narrowed test selection, pipeline.yml as a quick run on both legs plus the compare job."""
 
 from __future__ import annotations

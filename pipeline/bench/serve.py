@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measurement")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the grid; each cell reports its median round")
     parser.add_argument("--reference-threads", type=int, default=1,
-                        help="torch threads of (c); 0 = PyTorch's default (see the README: on a shared machine "
+                        help="torch threads of (c); 0 = PyTorch's default (see docs/results-history.md: on a shared machine "
                         "its OpenMP threads wait on each other, and (c) collapses)")  # fmt: skip
     parser.add_argument("--setups", nargs="+", choices=list("abcdefgh"), default=["a", "b", "c"])
     parser.add_argument("--peers", type=Path, help="Python of an environment with litserve, mlserver and bentoml "

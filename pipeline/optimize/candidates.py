@@ -10,7 +10,7 @@ false`) and prepare framed it as served (`data.framing: served`). With `train.tr
 trained model has seen the validation images and so has every variant: the same weights (ONNX, int8), or
 retrained on the same images (the pruned fine-tune, the distilled student). On seen images the gate measures fit,
 not what users get: the width-28 student of an earlier speed profile was -0.24 points on test files + seen
-validation and -0.47 on the official test images, -1.55 on the test files alone (README). So seen validation
+validation and -0.47 on the official test images, -1.55 on the test files alone (docs/stages.md, optimize). So seen validation
 stays out, and the gate is as large as the test split: with torchvision's download, the 12,630 official test
 images (0.008 points each); with the 645-file sample, 0.16 points each.
 """

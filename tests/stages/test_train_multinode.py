@@ -32,7 +32,7 @@ class Job:
         self, root: Path, checkpoint_dir: str | None, restarts: int = 3, agent_env: dict[str, str] | None = None
     ) -> None:
         self.root, self.restarts, self.port = root, restarts, free_port()
-        # torchrun's own settings, the same on every machine; by default what the README prescribes: a fresh
+        # torchrun's own settings, the same on every machine; by default what docs/scaling.md prescribes: a fresh
         # store per rendezvous round (with torchrun's shared store, agents that counted their restarts differently,
         # e.g. one restarted twice, key their groups apart and hang: seen once in CI).
         self.agent_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if agent_env is None else agent_env

@@ -1,0 +1,175 @@
+"""The documentation as a reader meets it: the README's relative links lead to files that exist; the site builds with
+`mkdocs build --strict` and its pages open in headless Chromium with the whole navigation; the tour notebook runs
+from top to bottom on a tiny finished run (MLflow runs, the benchmark table, the model card, a real `pipeline serve`).
+
+The site and notebook tests skip, with the reason, where mkdocs, Chromium or the notebook's kernel is missing; in CI
+(`CI` set, as `.ci/run` does) a missing tool is a failure."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.project import make_project, run, tiny_pipeline_params, use_gtsrb
+
+NOTEBOOK = REPO / "docs" / "notebooks" / "tour.ipynb"
+NAV = ("Getting started", "Your own data", "Your own model", "The stages", "Serving", "Scaling out",
+       "CI/CD and tests", "Measured results", "API reference")  # fmt: skip
+
+
+def require(what: str, found: object, hint: str) -> None:
+    """Skip where a tool is missing here; in CI it is a failure (`.ci/run` installs everything)."""
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} is missing in CI ({hint})")
+        pytest.skip(f"no {what}: {hint}")
+
+
+def test_the_readmes_relative_links_lead_to_files() -> None:
+    text = (REPO / "README.md").read_text()
+    links = [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in target]
+    assert any(link.startswith("docs/") for link in links)
+    broken = [link for link in links if not (REPO / link.split("#")[0]).exists()]
+    assert not broken, f"README.md links to missing files: {broken}"
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # no access log on the test's output
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The site built with `mkdocs build --strict` into a temporary folder, served by Python's http.server on a
+    free loopback port; yields its base URL."""
+    require("mkdocs", importlib.util.find_spec("mkdocs"), "the docs dependency group: uv sync")
+    out = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert "WARNING" not in build.stderr, build.stderr
+    handler = functools.partial(QuietHandler, directory=str(out))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict_and_its_pages_open_in_chromium(site: str) -> None:
+    chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    require("chromium", chromium, "apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            response = page.goto(f"{site}/getting-started/")
+            assert response is not None and response.status == 200
+            assert page.title().startswith("Getting started")
+            assert page.locator("article h1").first.inner_text().rstrip("¶").strip() == "Getting started"
+            assert "make pipeline" in page.locator("article").inner_text()
+            nav = page.locator("nav.md-nav--primary").first.inner_text()
+            missing = [label for label in NAV if label not in nav]
+            assert not missing, f"the navigation lacks {missing}: {nav}"
+            if os.environ.get("PIPELINE_SCREENSHOTS"):
+                folder = Path(os.environ["PIPELINE_SCREENSHOTS"])
+                folder.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(folder / "docs-getting-started.png"), full_page=False)
+
+            # The navigation leads to the pages: the results page keeps its figures and the flame graph's link.
+            page.locator("nav.md-nav--primary a", has_text="Measured results").first.click()
+            page.wait_for_url(f"{site}/results/")
+            results = page.locator("article").inner_text()
+            assert "0.9962" in results and "pipeline bench accuracy" in results
+            flamegraph = page.request.get(f"{site}/serve-flamegraph.svg")
+            assert flamegraph.status == 200 and b"<svg" in flamegraph.body()[:2000]
+
+            # The API reference is rendered from the docstrings (griffe, nothing imported).
+            page.goto(f"{site}/api/config/")
+            api = page.locator("article").inner_text()
+            assert "pipeline.config" in api and "DataConfig" in api and "The prepare stage" in api
+            image = page.request.get(f"{site}/mlflow-compare.png")
+            assert image.status == 200 and image.body()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project copy after the real stages through the card on a tiny synthetic GTSRB and tiny params, MLflow
+    tracking on (sqlite in the project): MLflow runs, reports/benchmark/table.md, models/serving.json,
+    reports/model_card.md. The stages' own run() in one process, in dvc.yaml's order (`dvc repro card` runs the same
+    entries, one process each: twice the time here)."""
+    base = tmp_path_factory.mktemp("tour")
+    work, env = make_project(base)
+    env = use_gtsrb(work, env, write_synthetic_gtsrb(base / "synthetic"))  # small even where CI sets GTSRB_ROOT
+    tiny_pipeline_params(work)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["tracking"]["enabled"] = True
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    stages = ("prepare", "train", "optimize", "benchmark", "evaluate", "card")
+    script = (
+        "import importlib\nfrom pipeline.config import load_params\nparams = load_params()\n"
+        f"for stage in {stages!r}:\n    importlib.import_module(f'pipeline.stages.{{stage}}').run(params)\n"
+    )
+    run([sys.executable, "-c", script], work, env, timeout=900)
+    return work
+
+
+@pytest.mark.slow
+def test_the_tour_notebook_runs_on_a_finished_run(finished_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require("nbclient and ipykernel", importlib.util.find_spec("nbclient") and importlib.util.find_spec("ipykernel"),
+            "the docs dependency group: uv sync")  # fmt: skip
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TOUR_PROJECT", str(finished_run))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("TOUR_SERVER_URL", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    started = time.monotonic()
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    assert time.monotonic() - started < 300
+    outputs = "\n".join(
+        str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+        + str(output.get("data", {}).get("text/markdown", ""))
+        for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+    )  # fmt: skip
+
+    assert f"project: {finished_run.resolve()}" in outputs
+    assert re.search(r"1 pipeline execution\(s\), [1-9]\d* stage run\(s\)", outputs), outputs[:3000]
+    for stage in ("prepare", "train", "optimize", "benchmark", "evaluate", "card"):
+        assert re.search(rf"\b{stage}\b\s+FINISHED", outputs), f"stage run {stage} not shown finished"
+    served = yaml.safe_load((finished_run / "models" / "serving.json").read_text())["variant"]
+    assert served in outputs
+    assert (finished_run / "reports/benchmark/table.md").read_text().splitlines()[0] in outputs
+    assert (finished_run / "reports/model_card.md").read_text().splitlines()[0] in outputs
+    assert "8 of 8 files: the server's class = evaluate's recorded class" in outputs
+    assert "GET /v1/model-card: 200" in outputs
+    pid = int(re.search(r"stopped pipeline serve \(pid (\d+), exit code 0\)", outputs)[1])  # type: ignore[index]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
