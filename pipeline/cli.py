@@ -2,7 +2,7 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve|accuracy` and `pipeline image-context` pass their options to those tools.
+`pipeline bench train|roofline|serve|accuracy|gpu|models|drift` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -141,7 +141,9 @@ def monitor(
     drift: bool = typer.Option(
         False, "--drift", help="Check drift instead: the server's live signals against its drift reference."
     ),
-    window: float | None = typer.Option(None, "--window", min=0, help="--drift: seconds of traffic (monitor.drift.window_s)."),
+    window: float | None = typer.Option(
+        None, "--window", min=0, help="--drift: seconds of traffic (monitor.drift.window_s)."
+    ),
     prometheus: str | None = typer.Option(
         None, "--prometheus", help="--drift: read the signals from this Prometheus server (all replicas)."
     ),
@@ -240,6 +242,12 @@ def bench_roofline(ctx: typer.Context) -> None:
 def bench_serve(ctx: typer.Context) -> None:
     """Load-test the server (batching, no batching, the Arm learning-path reference) on loopback."""
     _tool("pipeline.bench.serve", ctx)
+
+
+@bench.command("drift", context_settings=PASS_THROUGH)
+def bench_drift(ctx: typer.Context) -> None:
+    """What the server's drift signals cost per request (pipeline/bench/drift.py)."""
+    _tool("pipeline.bench.drift", ctx)
 
 
 @bench.command("models", context_settings=PASS_THROUGH)

@@ -12,6 +12,7 @@ Needs numpy, scipy, prometheus-client and the package's config: no torch (the mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.parse
@@ -34,10 +35,8 @@ def fetch_reference(base: str, timeout_s: float, path: Path | None) -> Any:
     status, _, body = http("GET", f"{base}/v1/drift-reference", timeout_s=timeout_s)
     if status != 200:
         detail = ""
-        try:
+        with contextlib.suppress(ValueError):
             detail = json.loads(body).get("error", "")
-        except ValueError:
-            pass
         raise StageError(
             f"monitor --drift: {base}/v1/drift-reference answered {status}{f' ({detail})' if detail else ''}; "
             "serve a model evaluated by this version, or pass --reference reports/evaluate/drift_reference.json"
@@ -73,7 +72,9 @@ def query_prometheus(prometheus: str, classes: list[str], window_s: float, timeo
         except ValueError:
             answer = {}
         if status != 200 or answer.get("status") != "success":
-            raise StageError(f"monitor --drift: Prometheus at {base} answered {status} to {expr!r}: {answer.get('error', '')}")
+            raise StageError(
+                f"monitor --drift: Prometheus at {base} answered {status} to {expr!r}: {answer.get('error', '')}"
+            )
         return list(answer["data"]["result"])
 
     counts = drift.SignalCounts(list(classes))
@@ -89,7 +90,7 @@ def query_prometheus(prometheus: str, classes: list[str], window_s: float, timeo
     index = {c: i for i, c in enumerate(classes)}
     for r in query(f"sum by (class) (increase({drift.CLASS_METRIC}_total[{window}]))"):
         if r["metric"].get("class") in index:
-            counts.class_counts[index[r["metric"]["class"]]] += int(round(float(r["value"][1])))
+            counts.class_counts[index[r["metric"]["class"]]] += round(float(r["value"][1]))
     return counts
 
 

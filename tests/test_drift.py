@@ -52,7 +52,12 @@ def test_the_series_stay_fixed_whatever_the_inputs() -> None:
     counts = drift.SignalCounts(list(CLASSES))
     registry = CollectorRegistry()
     registry.register(drift.Collector(counts, "abc"))
-    series = lambda: {line.split(" ")[0] for line in generate_latest(registry).decode().splitlines() if not line.startswith("#")}  # noqa: E731
+
+    def series():
+        return {
+            line.split(" ")[0] for line in generate_latest(registry).decode().splitlines() if not line.startswith("#")
+        }
+
     before = series()
     rng = np.random.default_rng(2)
     for _ in range(50):
@@ -81,7 +86,12 @@ def test_a_reference_with_other_buckets_is_refused() -> None:
     reference = drift.to_reference(counts, "fp32-onnx", "abc", "test")
     assert drift.from_reference(reference).buckets == counts.buckets
     changed = reference.model_copy(
-        update={"signals": {**reference.signals, "width": reference.signals["height"].model_copy(update={"edges": [1.0], "counts": [0, 0]})}}
+        update={
+            "signals": {
+                **reference.signals,
+                "width": reference.signals["height"].model_copy(update={"edges": [1.0], "counts": [0, 0]}),
+            }
+        }
     )
     with pytest.raises(ValueError, match="width buckets"):
         drift.from_reference(changed)
@@ -142,7 +152,9 @@ def test_monitor_drift_passes_a_replay_and_names_what_changed(real_gtsrb_root, w
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["data"].update({"root": str(real_gtsrb_root), "download": False})
     raw["train"].update({"epochs": 5, "batch_size": 64, "checkpoint_every": 0})
-    raw["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 128, "max_accuracy_drop": 1.0})
+    raw["optimize"].update(
+        {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 128, "max_accuracy_drop": 1.0}
+    )
     raw["containerize"]["variant"] = "fp32-onnx"
     raw["evaluate"]["min_accuracy"] = 0.0
     raw["tracking"] = {"enabled": False}
@@ -164,7 +176,11 @@ def test_monitor_drift_passes_a_replay_and_names_what_changed(real_gtsrb_root, w
 
     results = {}
     for name, files in (
-        ("replay", replay), ("darkened", darkened), ("blurred", blurred), ("skewed", skewed), ("digits", digits)
+        ("replay", replay),
+        ("darkened", darkened),
+        ("blurred", blurred),
+        ("skewed", skewed),
+        ("digits", digits),
     ):
         server = start_server(Path("models").resolve(), tmp_path, {}, reports_dir=Path("reports").resolve())
         try:

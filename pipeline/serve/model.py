@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import model_card
-from pipeline.artifacts.drift_reference import DriftReference, read_for
 from pipeline.artifacts import serving as serving_file
+from pipeline.artifacts.drift_reference import DriftReference, read_for
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
 from pipeline.errors import StageError

@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import console
-from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
-from pipeline.artifacts import drift_reference
+from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, drift_reference
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
@@ -225,7 +224,12 @@ def run(params: Params) -> None:
         else:  # prepared data without original files (older, or a test's fake): the crops, as tensors
             crops = fp32_tensor(arrays.images)
             write_drift_reference(
-                shipped.variant, shipped.version, classes, crops, probabilities_of(shipped, crops, cfg.batch_size), False
+                shipped.variant,
+                shipped.version,
+                classes,
+                crops,
+                probabilities_of(shipped, crops, cfg.batch_size),
+                False,
             )
         predictions_file.write(
             predictions_file.Predictions(
@@ -260,7 +264,14 @@ def run(params: Params) -> None:
             }
         )
         mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
-        for name in ("metrics.json", "confusion.csv", "confusion.png", "per_class.png", "predictions.json", "drift_reference.json"):
+        for name in (
+            "metrics.json",
+            "confusion.csv",
+            "confusion.png",
+            "per_class.png",
+            "predictions.json",
+            "drift_reference.json",
+        ):
             mlrun.log_artifact(EVAL_REPORTS / name, "reports")
         worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
         console.log(
