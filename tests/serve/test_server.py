@@ -626,6 +626,7 @@ def test_a_malformed_input_corpus_gets_4xx_never_5xx_or_a_reset(server: Server) 
     good = png(server.test_images[0])
     cases = _malformed_corpus(good, server.image_size, server.max_body)
     assert len(cases) >= 100
+    drift_series_before = _drift_series(server)
     failures: list[str] = []
     refusals = 0
     with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -644,6 +645,33 @@ def test_a_malformed_input_corpus_gets_4xx_never_5xx_or_a_reset(server: Server) 
         assert client.post("/v1/predict", files={"files": ("ok.png", good)}).status_code == 200
     assert failures == [], "\n".join(f[:110] for f in failures)
     assert refusals >= 100
+    assert _drift_series(server) == drift_series_before  # no label value came from a request
+
+
+def _drift_series(server: Server) -> set[str]:
+    """The drift metrics' series (name + labels) in /metrics."""
+    from pipeline import drift
+
+    names = (*tuple(s.metric for s in drift.SIGNALS.values()), drift.CLASS_METRIC)
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    return {line.rsplit(" ", 1)[0] for line in lines if line.startswith(names)}
+
+
+def test_drift_signals_count_answered_images_and_the_reference_route_says_when_there_is_none(server: Server) -> None:
+    """A fresh server counts nothing; two answered files add two to every signal (sizes from the files as sent);
+    a refused request adds nothing; /v1/drift-reference is a JSON 404 naming the stage to run (no evaluate here)."""
+    from pipeline import drift
+
+    assert sum(drift.parse_metrics(httpx.get(f"{server.url}/metrics").text, server.classes).class_counts) == 0
+    wide = np.ascontiguousarray(np.repeat(server.test_images[0], 2, axis=1))  # twice as wide as tall
+    files = [("files", ("a.png", png(server.test_images[0]))), ("files", ("b.png", png(wide)))]
+    assert httpx.post(f"{server.url}/v1/predict", files=files).status_code == 200
+    assert httpx.post(f"{server.url}/v1/predict", files={"files": ("x.png", b"not an image")}).status_code == 400
+    counts = drift.parse_metrics(httpx.get(f"{server.url}/metrics").text, server.classes)
+    assert sum(counts.class_counts) == 2 and all(sum(c) == 2 for c in counts.buckets.values()), counts
+    assert counts.sums["aspect"] == pytest.approx(3.0) and counts.sums["height"] == 2 * server.image_size
+    answer = httpx.get(f"{server.url}/v1/drift-reference")
+    assert answer.status_code == 404 and "pipeline evaluate" in answer.json()["error"]
 
 
 def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:

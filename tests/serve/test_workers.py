@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from pipeline import drift
 from pipeline.ports import free_port
 from tests.helpers.server import start_server
 from tests.serve.test_connection import sigterm_under_load
@@ -61,6 +62,10 @@ def test_two_workers_answer_and_their_metrics_add_up(models_dir: Path, tmp_path:
             text = httpx.get(f"{server.url}/metrics").text
             assert _metric(text, "inference_requests_total", route="/v1/predict", status="200") == sent
             assert _metric(text, "inference_images_total") == sent + 3
+            # the drift signals too (prometheus_client's multiprocess metrics): every answered image, HTTP and gRPC
+            counts = drift.parse_metrics(text, server.classes)
+            assert sum(counts.class_counts) == sent + 3 and sum(counts.buckets["confidence"]) == sent + 3
+            assert sum(counts.buckets["width"]) == sent  # file sizes: the PNGs only, not the tensors
     finally:
         server.stop()
 
