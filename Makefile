@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 PLATFORM_DIR ?= .platform
 
 # The light commands (pipeline compare, pipeline monitor) need no torch: a small environment, versions from uv.lock.
-LIGHT_PACKAGES := numpy pillow pydantic pyyaml typer rich prometheus-client packaging
+LIGHT_PACKAGES := numpy scipy pillow pydantic pyyaml typer rich prometheus-client packaging
 # `make act WORKFLOW=pipeline` runs a workflow's jobs here with act (scripts/act.sh; ACT_ARGS for more flags).
 WORKFLOW ?= ci
 ACT_ARGS ?=

@@ -77,3 +77,44 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert (tmp_path / "act" / "pipeline" / f"mlflow-{arch}" / "mlflow.db").is_file()
     # The compare job's table went to the job summary (act prints summaries in its log).
     assert "Benchmark: x86 and Arm runners" in log and "| machine | variant |" in log
+
+
+def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, tmp_path: Path) -> None:
+    """monitor.yml's drift job against a real local `pipeline serve`: after a replay of the test files it passes
+    (and would close the drift issue); after darkened files it fails naming brightness, and the step that opens or
+    updates the drift issue runs (the github-script stand-in: no GitHub API offline)."""
+    import numpy as np
+    from PIL import Image, ImageEnhance
+
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.client import encode, multipart
+    from tests.helpers.server import start_server
+
+    def send(url: str, files: list[bytes]) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30) as client:
+            for start in range(0, len(files), 8):
+                body, content_type = multipart(files[start : start + 8])
+                assert (
+                    client.post(f"{url}/v1/predict", content=body, headers={"content-type": content_type}).status_code
+                    == 200
+                )
+
+    originals = [Image.open(f.path).convert("RGB") for f in read_test_files(benchmarked_project / "data" / "prepared")]
+    server = start_server(benchmarked_project / "models", tmp_path, {}, reports_dir=benchmarked_project / "reports")
+    try:
+        send(server.url, [encode(np.asarray(image)) for image in originals])
+        clean = act("monitor", "-j", "drift", "--input", f"url={server.url}", out=tmp_path / "clean")
+        log = clean.stdout + clean.stderr
+        assert clean.returncode == 0, log[-5000:]
+        assert "Success - Main Drift against the served model's reference" in log
+        assert "Success - Main Close the drift issue after a clean check" in log
+        send(server.url, [encode(ImageEnhance.Brightness(image).enhance(0.2)) for image in originals] * 2)
+        drifted = act("monitor", "-j", "drift", "--input", f"url={server.url}", out=tmp_path / "drifted")
+        log = drifted.stdout + drifted.stderr
+        assert drifted.returncode != 0
+        assert "signal(s) drifted" in log and "brightness (PSI" in log, log[-5000:]
+        assert "Success - Main Open or update the drift issue" in log and "github-script (act stand-in)" in log
+    finally:
+        server.stop()
