@@ -168,6 +168,29 @@ def monitor(
 
 
 @app.command()
+def samples(
+    log_dir: Path = typer.Argument(..., help="The server's serve.sample_log.dir (or a copy of it)."),
+    to: Path = typer.Option(Path("review"), "--to", help="Review folder: one sub-folder per answered class."),
+    below: float = typer.Option(
+        1.0, "--below", min=0.0, max=1.0, help="Only files whose top-1 probability is at most this."
+    ),
+) -> None:
+    """The server's sample log as a review folder in the data-folder layout: move each file to its right class,
+    then add the folder to your data (its classes' folders) and `dvc repro`."""
+    from pipeline.serve.sample_log import review_folder
+
+    if not log_dir.is_dir():
+        _fail(f"{log_dir} is not a folder: give serve.sample_log.dir of a server that logged samples")
+    counts = review_folder(log_dir, to, below)
+    if not counts:
+        _fail(f"no logged files with top-1 probability <= {below} under {log_dir}")
+    print(
+        f"{sum(counts.values())} files in {len(counts)} class folders under {to}: "
+        + ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:8])
+    )
+
+
+@app.command()
 def predict(
     paths: list[str] = typer.Argument(..., help="Image files, folders (searched recursively) or globs."),
     params: Path = ParamsOption,

@@ -229,6 +229,19 @@ class BenchmarkConfig(Section):
     """Save an operator profile of the chosen setup."""
 
 
+class SampleLogConfig(Section):
+    """`serve.sample_log`: keep some received image files and the answers, for labelling (pipeline/serve/sample_log.py)."""
+
+    dir: str = ""
+    """Folder to write to (created); empty = off."""
+    rate: float = Field(0.01, ge=0.0, le=1.0)
+    """Fraction of the other answered images kept, at random."""
+    below_confidence: float = Field(0.5, ge=0.0, le=1.0)
+    """Every image whose top-1 probability is at most this is kept."""
+    max_mb: float = Field(512.0, gt=0.0)
+    """The folder never grows past this (shared evenly among serve.workers); then nothing more is kept."""
+
+
 class ServeConfig(Section):
     """The inference server (`pipeline serve`): model choice, dynamic batching and request limits."""
 
@@ -278,6 +291,8 @@ class ServeConfig(Section):
     """A request's body must arrive within this of its headers: else 408."""
     access_log: bool = True
     """One JSON line per request (id, route, status, ms) on the `pipeline.access` logger."""
+    sample_log: SampleLogConfig = SampleLogConfig()
+    """Off by default: a sampled, size-capped log of received files and answers, for labelling."""
     auth_token_env: str = Field("PIPELINE_SERVE_TOKEN", pattern=r"^[A-Z_][A-Z0-9_]*$")
     """Environment variable holding a bearer token: when set and non-empty, inference and model routes need
     `Authorization: Bearer <token>` (health and /metrics stay open). Off when the variable is unset."""

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -281,6 +282,15 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     metrics = Metrics(config.max_batch_size)
     signals = drift_signals(model, metrics.registry)
+    sampler = None
+    if config.sample_log.dir:
+        from pipeline.serve.sample_log import SampleLog
+
+        log_config = config.sample_log
+        sampler = SampleLog(
+            Path(log_config.dir), log_config.rate, log_config.below_confidence,
+            log_config.max_mb / config.workers, model.version, list(model.classes),
+        )  # fmt: skip
     batcher = DynamicBatcher(
         model.probabilities,
         config.max_batch_size,
@@ -318,6 +328,8 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         if grpc_server is not None:  # refuse new calls, let those in flight finish, as HTTP does
             await grpc_server.stop(config.drain_timeout_s)
         await batcher.drain(config.drain_timeout_s)
+        if sampler is not None:
+            await asyncio.to_thread(sampler.close)
         flush_access_log()
 
     app = FastAPI(
@@ -350,7 +362,9 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # never a bare 500 page
         return _error(500, f"internal error: {type(exc).__name__}")
 
-    async def run_model(images: np.ndarray, sizes: list[tuple[int, int]] | None = None) -> np.ndarray:
+    async def run_model(
+        images: np.ndarray, sizes: list[tuple[int, int]] | None = None, files: list[bytes] | None = None
+    ) -> np.ndarray:
         try:
             probabilities = await batcher.infer(images, config.request_timeout_s)
             metrics.images.inc(len(images))  # classified ones only: refused or timed-out requests do not count
@@ -358,6 +372,8 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             signals.add_images(images)
             if sizes:
                 signals.add_sizes(sizes)
+                if sampler is not None and files:
+                    sampler.offer(files, sizes, probabilities)
             return probabilities
         except QueueFull:
             raise HTTPException(503, "server busy: inference queue is full", {"Retry-After": "1"}) from None
@@ -491,12 +507,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             inputs = tensor_images(parsed, binary, model.image_size, config.max_images_per_request)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
-        sizes = None
         if isinstance(inputs[0], np.ndarray):
-            images = inputs[0]
+            probabilities = await run_model(inputs[0])
         else:
-            images, sizes = await decode([(data, None) for data in inputs if isinstance(data, bytes)])
-        probabilities = await run_model(images, sizes)
+            files = [data for data in inputs if isinstance(data, bytes)]
+            images, sizes = await decode([(data, None) for data in files])
+            probabilities = await run_model(images, sizes, files)
         wanted = [o.name for o in parsed.outputs] if parsed.outputs else list(OUTPUT_NAMES)
         unknown = [n for n in wanted if n not in OUTPUT_NAMES]
         if unknown:
@@ -580,7 +596,8 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         return await answer(items, top_k)
 
     async def answer(items: list[tuple[bytes, Box | None]], top_k: int) -> Response:
-        probabilities = await run_model(*await decode(items))
+        images, sizes = await decode(items)
+        probabilities = await run_model(images, sizes, [data for data, _ in items])
         payload = {
             "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
             "predictions": [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)],
