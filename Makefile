@@ -10,7 +10,7 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 STAGE ?=
 # Ports that do not collide: the server 8000 (serve.port), a local registry 5000 (deploy.registry), the MLflow UI:
 MLFLOW_UI_PORT ?= 5050
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 # The team tracking stack's data, logs and generated credentials (git-ignored).
 PLATFORM_DIR ?= .platform
 

@@ -41,6 +41,32 @@ def real_gtsrb_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder after the real prepare -> train (6 epochs, batch 64) on the real sample ($GTSRB_ROOT), made
+    once for the tests that need a model of real images (copy it: `shutil.copytree(..., symlinks=True)`)."""
+    import contextlib
+
+    import yaml
+
+    from pipeline.stages import prepare, train
+
+    value = os.environ.get("GTSRB_ROOT")
+    if not value or not (Path(value) / "gtsrb" / "GTSRB" / "Training").is_dir():
+        pytest.skip("no real GTSRB configured: set GTSRB_ROOT to a copy in torchvision's layout")
+    work = tmp_path_factory.mktemp("real-sample") / "project"
+    work.mkdir()
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"root": str(Path(value).resolve()), "download": False})
+    raw["train"].update({"epochs": 6, "batch_size": 64, "checkpoint_every": 0})
+    raw["tracking"] = {"enabled": False}
+    (work / "params.yaml").write_text(yaml.safe_dump(raw))
+    with contextlib.chdir(work):
+        prepare.run(parse_params(raw))
+        train.run(parse_params(raw))
+    return work
+
+
+@pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
     data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume."""
