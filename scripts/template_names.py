@@ -1,0 +1,205 @@
+"""copier's task (copier.yml `_tasks`): the demo's names -> the generated project's own.
+
+The repository is the template and, unchanged, its own demo (the GTSRB traffic-sign classifier): its files stay
+valid as they are, no `.jinja` sources. A generated copy runs this script in its folder right after copier wrote
+it; it rewrites an explicit table of (file, demo text -> the answer) substitutions and, for a `folder` or `csv`
+data source, the data section. `copier update` renders the old and the new template version with the same
+answers, and this task runs in both renders (and in the project's), so the 3-way merge compares like with like.
+
+Every substitution must find its text (a template change that drops one fails generation loudly rather than
+leaving a demo name behind); a file the project no longer has is skipped. The answers with the demo's values
+change nothing: `copier copy --defaults` reproduces the repository.
+
+    python scripts/template_names.py --project-name acme --model-name acme ... [--dir DEST]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+DEMO = {
+    "project_name": "gtsrb-pipeline",
+    "description": "PyTorch MLOps pipeline template: GTSRB traffic signs from raw images to a served, containerized model",
+    "model_name": "gtsrb",
+    "image_name": "gtsrb-server",
+    "registry": "",
+    "registered_model_name": "gtsrb-classifier",
+    "experiment": "gtsrb",
+    "api_title": "GTSRB traffic-sign classifier",
+    "data_source": "gtsrb",
+    "data_root": "data/raw",
+}
+
+# What each answer may hold: names that Kubernetes, OCI labels and URLs all accept; texts that go between double
+# quotes in Python, TOML and a Dockerfile; a data path and a registry that YAML and Python take as they are.
+DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+CHECKS = {
+    "project_name": DNS_LABEL,
+    "image_name": DNS_LABEL,
+    "registered_model_name": DNS_LABEL,
+    "model_name": r"[a-z0-9][a-z0-9_.-]{0,62}",
+    "experiment": r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
+    "description": r"[^\"\\$`\n]{1,300}",
+    "api_title": r"[^\"\\$`\n]{1,100}",
+    "data_source": r"gtsrb|folder|csv",
+    "data_root": r"[A-Za-z0-9_./~-]{1,500}",
+    "registry": r"([a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*)?",
+}
+
+# (file, demo text, new text): {name} is the answer `name`. Applied in this order, each to every occurrence.
+NAMES: list[tuple[str, str, str]] = [
+    # the configuration: params.yaml and its typed defaults (tests/test_config.py: one set)
+    ("params.yaml", "  model_name: gtsrb\n", "  model_name: {model_name}\n"),
+    ("params.yaml", "gtsrb-server", "{image_name}"),
+    ("params.yaml", "  experiment: gtsrb\n", "  experiment: {experiment}\n"),
+    ("params.yaml", "gtsrb-classifier", "{registered_model_name}"),
+    ("pipeline/config.py", 'Field("gtsrb", pattern', 'Field("{model_name}", pattern'),
+    ("pipeline/config.py", "gtsrb-server", "{image_name}"),
+    ("pipeline/config.py", 'experiment: str = "gtsrb"', 'experiment: str = "{experiment}"'),
+    ("pipeline/config.py", "gtsrb-classifier", "{registered_model_name}"),
+    ("pyproject.toml", 'description = "{demo_description}"', 'description = "{description}"'),
+    ("mkdocs.yml", "site_name: GTSRB MLOps pipeline template", "site_name: {project_name}"),
+    # the server, the image, the CLI
+    ("pipeline/serve/app.py", 'title="GTSRB traffic-sign classifier"', 'title="{api_title}"'),
+    ("pipeline/serve/app.py", '"gtsrb-pipeline"', '"{project_name}"'),
+    ("pipeline/serve/grpc_server.py", '"gtsrb-pipeline"', '"{project_name}"'),
+    ("pipeline/ship/context.py", '"gtsrb-pipeline"', '"{project_name}"'),
+    ("pipeline/stages/containerize.py", '"gtsrb-image-', '"{image_name}-image-'),
+    ("pipeline/artifacts/image.py", "gtsrb-server", "{image_name}"),
+    ("pipeline/mlflow_model.py", "gtsrb-classifier", "{registered_model_name}"),
+    ("pipeline/client.py", "----gtsrb-smoke-boundary", "----{project_name}-smoke-boundary"),
+    ("pipeline/cli.py", 'help="GTSRB MLOps pipeline:', 'help="{project_name}:'),
+    ("pipeline/cli.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
+    ("pipeline/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
+    ("pipeline/bench/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison
+    ("docker/Dockerfile", '"gtsrb-server"', '"{image_name}"'),
+    ("docker/Dockerfile", '"GTSRB traffic-sign classifier:', '"{api_title}:'),
+    ("docker/Dockerfile", "io.github.gtsrb-pipeline.", "io.github.{project_name}."),
+    ("docker/platform.Dockerfile", '"gtsrb-platform"', '"{project_name}-platform"'),
+    ("docker/README.md", "gtsrb-pipeline", "{project_name}"),
+    ("docker/README.md", "gtsrb-server", "{image_name}"),
+    ("docker/README.md", "on the real GTSRB test split", "on the template's demo test split"),
+    ("models/README.md", "gtsrb-classifier", "{registered_model_name}"),
+    # deployment manifests and the release workflow
+    *[(f"deploy/k8s/{name}", "gtsrb-server", "{image_name}")
+      for name in ("deployment.yaml", "hpa.yaml", "kustomization.yaml", "pdb.yaml", "service.yaml")],  # fmt: skip
+    ("deploy/kserve/inferenceservice.yaml", "gtsrb-classifier", "{registered_model_name}"),
+    ("deploy/kserve/inferenceservice.yaml", "gtsrb-server", "{image_name}"),
+    ("deploy/kserve/servingruntime.yaml", "gtsrb-classifier", "{registered_model_name}"),
+    ("deploy/kserve/servingruntime.yaml", "gtsrb-server", "{image_name}"),
+    ("deploy/kubeflow/trainjob.yaml", "gtsrb.example/", "{project_name}.example/"),
+    ("deploy/kubeflow/trainjob.yaml", "gtsrb-", "{project_name}-"),
+    *[(f"deploy/monitoring/{name}", "gtsrb-server", "{image_name}")
+      for name in ("alerts.yml", "alerts.test.yml", "prometheus.yml", "servicemonitor.yaml")],  # fmt: skip
+    ("deploy/platform/compose.yaml", "gtsrb-platform", "{project_name}-platform"),
+    (".github/workflows/release.yml", "gtsrb-server", "{image_name}"),
+    (".github/workflows/release.yml", "gtsrb-pipeline", "{project_name}"),
+    # the tests that name what the project serves (the server answers under serve.model_name)
+    ("tests/serve/test_server.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
+    ("tests/serve/test_server.py", '"gtsrb"', '"{model_name}"'),
+    ("tests/serve/test_grpc.py", '"gtsrb-pipeline"', '"{project_name}"'),
+    ("tests/serve/test_grpc.py", '"gtsrb"', '"{model_name}"'),
+    ("tests/serve/test_workers.py", '"gtsrb"', '"{model_name}"'),
+    ("tests/ship/test_deploy.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
+    ("tests/ship/test_deploy.py", '"gtsrb"', '"{model_name}"'),
+    ("tests/ship/conftest.py", '"gtsrb-server-test"', '"{image_name}-test"'),
+    ("tests/ship/test_k8s.py", "gtsrb-server", "{image_name}"),
+    ("tests/ship/test_platform_compose.py", '"gtsrb-platform-test:latest"', '"{project_name}-platform-test:latest"'),
+    ("tests/stages/test_evaluate.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
+    ("tests/stages/test_optimize.py", "gtsrb-classifier", "{registered_model_name}"),
+    ("tests/stages/test_prepare.py", 'experiment_names=["gtsrb"]', 'experiment_names=["{experiment}"]'),
+    ("tests/test_monitoring.py", '"gtsrb-server"', '"{image_name}"'),
+    ("tests/test_team_stack.py", "gtsrb-classifier", "{registered_model_name}"),
+    ("tests/artifacts/test_artifacts.py", "gtsrb-server", "{image_name}"),
+]
+
+# A registry for the deploy stage's `registry` target and the manifests' examples (empty: the local one).
+REGISTRY: list[tuple[str, str, str]] = [
+    ("params.yaml", "  registry: 127.0.0.1:5000  ", "  registry: {registry}  "),
+    ("pipeline/config.py", 'registry: str = "127.0.0.1:5000"', 'registry: str = "{registry}"'),
+    ("deploy/k8s/deployment.yaml", "ghcr.io/OWNER/", "{registry}/"),
+    ("deploy/kserve/servingruntime.yaml", "ghcr.io/OWNER/", "{registry}/"),
+]
+
+# A folder or CSV data source: the data section says so, with its own defaults (config.py keeps the demo source
+# as a choice), and the texts that described the demo's data in general places describe the project's.
+DATA: list[tuple[str, str, str]] = [
+    ("params.yaml", "  source: gtsrb           # gtsrb (the demo) | folder", "  source: {data_source}          # folder"),
+    ("params.yaml", "path,label[,group,box,split])\n", "path,label[,group,box,split]) | the template's demo\n"),
+    ("params.yaml", "  root: data/raw          # gtsrb: holds torchvision's gtsrb/ layout (GTSRB_ROOT overrides it); folder / csv: your data",
+     "  root: {data_root}          # folder: your folder of class folders; csv: your CSV file"),  # fmt: skip
+    ("params.yaml", "  download: true          # gtsrb: let torchvision fetch GTSRB into root when missing (needs internet)",
+     "  download: false         # only the template's demo source downloads"),  # fmt: skip
+    ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
+    ("params.yaml", " | gtsrb (GTSRB test files under data.root / $GTSRB_ROOT, whole)", ""),
+    ("pipeline/config.py", '"csv"] = "gtsrb"', '"csv"] = "{data_source}"'),
+    ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
+    ("pipeline/config.py", "download: bool = True", "download: bool = False"),
+    ("Makefile", "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)", "run the DVC pipeline (dvc repro)"),
+]
+
+README = """# {project_name}
+
+{description}
+
+Generated from the PyTorch MLOps pipeline template with [copier](https://copier.readthedocs.io/): the stages
+prepare → train → optimize → benchmark → evaluate → card → containerize → deploy, chained by `dvc.yaml`, with
+MLflow tracking and a served container image. The data: `{data_source}` at `{data_root}` (`params.yaml`, section
+`data`); the served model `{model_name}` (image `{image_name}`, MLflow registered model `{registered_model_name}`).
+
+```bash
+make pipeline   # create the environment if needed, then `dvc repro`
+make test       # lint, type-check and run every test
+```
+
+The manual is [`docs/`](docs/index.md) (the template's own; its measured results are the template's demo):
+[Getting started](docs/getting-started.md), [Your own data](docs/own-data.md), [CI/CD and tests](docs/ci.md).
+
+Later template versions: `copier update --trust` in a clean working tree merges them into this project
+(answers in `.copier-answers.yml`; see [Getting started](docs/getting-started.md#your-own-project-from-the-template)).
+"""
+
+
+def substitute(root: Path, rules: list[tuple[str, str, str]], values: dict[str, str]) -> list[str]:
+    """Apply `rules` under `root`; the files changed."""
+    changed = []
+    for name, old, new in rules:
+        path = root / name
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        old, new = old.format(**values), new.format(**values)
+        if old not in text:
+            raise SystemExit(f"template_names: {name}: {old!r} not found (the template changed: update the table)")
+        path.write_text(text.replace(old, new))
+        changed.append(name)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for key in DEMO:
+        parser.add_argument(f"--{key.replace('_', '-')}", default=DEMO[key])
+    parser.add_argument("--dir", type=Path, default=Path("."))
+    args = parser.parse_args(argv)
+    answers = {key: str(getattr(args, key)) for key in DEMO}
+    for key, pattern in CHECKS.items():
+        if not re.fullmatch(pattern, answers[key]):
+            raise SystemExit(f"template_names: {key} {answers[key]!r} does not match {pattern}")
+    values = {**answers, "demo_description": DEMO["description"]}
+    root: Path = args.dir
+    changed = substitute(root, NAMES, values)
+    if answers["registry"]:
+        changed += substitute(root, REGISTRY, values)
+    if answers["data_source"] != "gtsrb":
+        changed += substitute(root, DATA, values)
+    if answers["project_name"] != DEMO["project_name"]:
+        (root / "README.md").write_text(README.format(**values))
+        changed.append("README.md")
+    print(f"template_names: {len(set(changed))} files hold the project's names")
+
+
+if __name__ == "__main__":
+    main()
