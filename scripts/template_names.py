@@ -96,6 +96,14 @@ NAMES: list[tuple[str, str, str]] = [
     ("deploy/platform/compose.yaml", "gtsrb-platform", "{project_name}-platform"),
     (".github/workflows/release.yml", "gtsrb-server", "{image_name}"),
     (".github/workflows/release.yml", "gtsrb-pipeline", "{project_name}"),
+    # the manual's pages where they name the project's objects (docs/results*.md: the demo's measurements, kept)
+    ("docs/index.md", "# GTSRB MLOps pipeline template\n", "# {project_name}\n"),
+    ("docs/ci.md", "gtsrb-server", "{image_name}"),
+    ("docs/serving.md", "gtsrb-server", "{image_name}"),
+    ("docs/stages.md", "gtsrb-classifier", "{registered_model_name}"),
+    ("docs/scaling.md", "gtsrb-classifier", "{registered_model_name}"),
+    ("docs/scaling.md", "gtsrb-server", "{image_name}"),
+    ("docs/scaling.md", "gtsrb-platform", "{project_name}-platform"),
     # the tests that name what the project serves (the server answers under serve.model_name)
     ("tests/serve/test_server.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
     ("tests/serve/test_server.py", '"gtsrb"', '"{model_name}"'),
@@ -104,6 +112,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("tests/serve/test_workers.py", '"gtsrb"', '"{model_name}"'),
     ("tests/ship/test_deploy.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
     ("tests/ship/test_deploy.py", '"gtsrb"', '"{model_name}"'),
+    ("tests/ship/test_deploy.py", 'f"gtsrb-', 'f"{image_name}-'),
     ("tests/ship/conftest.py", '"gtsrb-server-test"', '"{image_name}-test"'),
     ("tests/ship/test_k8s.py", "gtsrb-server", "{image_name}"),
     ("tests/ship/test_platform_compose.py", '"gtsrb-platform-test:latest"', '"{project_name}-platform-test:latest"'),
@@ -137,6 +146,7 @@ DATA: list[tuple[str, str, str]] = [
     ("pipeline/config.py", '"csv"] = "gtsrb"', '"csv"] = "{data_source}"'),
     ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
     ("pipeline/config.py", "download: bool = True", "download: bool = False"),
+    ("pipeline/cli.py", "Read GTSRB, crop to the sign, resize, split by track;", "Read the raw images, crop, resize, split by group;"),
     ("Makefile", "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)", "run the DVC pipeline (dvc repro)"),
 ]
 

@@ -56,7 +56,7 @@ def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("real-sample") / "project"
     work.mkdir()
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["data"].update({"root": str(Path(value).resolve()), "download": False})
+    raw["data"].update({"source": "gtsrb", "root": str(Path(value).resolve()), "download": False})
     raw["train"].update({"epochs": 6, "batch_size": 64, "checkpoint_every": 0})
     raw["tracking"] = {"enabled": False}
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -81,7 +81,7 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = base / "project"
     work.mkdir()
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["data"].update({"root": str(raw), "download": False})
+    params["data"].update({"source": "gtsrb", "root": str(raw), "download": False})
     params.setdefault("model", {}).update({"name": "signnet", "width": 8})
     params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
     params.setdefault("optimize", {}).update(

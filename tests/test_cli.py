@@ -4,7 +4,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from tests.helpers import REPO
+
+
+def demo_params(folder: Path, download: bool) -> None:
+    """The repo's params.yaml into `folder`, tracking off, on the demo source under data/raw (a project made from the
+    template may read its own data)."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"source": "gtsrb", "root": "data/raw", "download": download})
+    raw["tracking"]["enabled"] = False
+    (folder / "params.yaml").write_text(yaml.safe_dump(raw))
 
 
 def pipeline(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,8 +53,7 @@ def test_typo_in_key_names_it(tmp_path: Path) -> None:
 
 
 def test_missing_dataset_explains_where_to_get_it(tmp_path: Path) -> None:
-    text = (REPO / "params.yaml").read_text().replace("download: true", "download: false")
-    (tmp_path / "params.yaml").write_text(text.replace("enabled: true", "enabled: false"))
+    demo_params(tmp_path, download=False)
     env = {k: v for k, v in __import__("os").environ.items() if k != "GTSRB_ROOT"}
     result = pipeline("prepare", cwd=tmp_path, env=env)
     assert result.returncode == 2
@@ -53,8 +63,7 @@ def test_missing_dataset_explains_where_to_get_it(tmp_path: Path) -> None:
 
 
 def test_prepare_runs_through_the_cli(synthetic_gtsrb: Path, tmp_path: Path) -> None:
-    text = (REPO / "params.yaml").read_text().replace("enabled: true", "enabled: false")
-    (tmp_path / "params.yaml").write_text(text)
+    demo_params(tmp_path, download=True)
     env = dict(__import__("os").environ, GTSRB_ROOT=str(synthetic_gtsrb))
     result = pipeline("prepare", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr

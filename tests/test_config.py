@@ -60,7 +60,7 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_gtsrb_root_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = parse_params({"data": {"root": "data/raw"}}).data
+    config = parse_params({"data": {"source": "gtsrb", "root": "data/raw"}}).data
     monkeypatch.delenv("GTSRB_ROOT", raising=False)
     assert config.resolved_root() == Path("data/raw")
     monkeypatch.setenv("GTSRB_ROOT", "/elsewhere")

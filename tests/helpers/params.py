@@ -10,11 +10,12 @@ from tests.helpers import REPO
 
 
 def make_params(root: Path, tracking: bool = False, **data: object) -> Params:
-    """Params for a test run: the repo's params.yaml with data.root and overrides applied."""
+    """Params for a test run: the repo's params.yaml on the demo source (a synthetic or real GTSRB at `root`, as the
+    tests' data is whatever a project chose) with overrides applied."""
     import yaml
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["data"].update({"root": str(root), "download": False, **data})
+    raw["data"].update({"source": "gtsrb", "root": str(root), "download": False, **data})
     raw["tracking"] = TrackingConfig(enabled=tracking).model_dump()
     return parse_params(raw)
 

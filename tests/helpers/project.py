@@ -40,7 +40,12 @@ def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def use_gtsrb(work: Path, env: dict[str, str], root: Path) -> dict[str, str]:
     """Point the project's GTSRB at `root` as `make pipeline` does (scripts/raw-data.sh): data/raw, the folder
-    dvc.yaml tracks, links to it, and $GTSRB_ROOT names it."""
+    dvc.yaml tracks, links to it, and $GTSRB_ROOT names it. params.yaml reads the demo source there (a project made
+    from the template may have chosen another; the tests' data is the demo's)."""
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    if (params["data"]["source"], params["data"]["root"]) != ("gtsrb", "data/raw"):
+        params["data"].update({"source": "gtsrb", "root": "data/raw"})
+        (work / "params.yaml").write_text(yaml.safe_dump(params))
     raw = work / "data" / "raw"
     raw.parent.mkdir(parents=True, exist_ok=True)
     if raw.is_symlink():
