@@ -7,8 +7,8 @@ data source, the data section. `copier update` renders the old and the new templ
 answers, and this task runs in both renders (and in the project's), so the 3-way merge compares like with like.
 
 Every substitution must find its text (a template change that drops one fails generation loudly rather than
-leaving a demo name behind); a file the project no longer has is skipped. The answers with the demo's values
-change nothing: `copier copy --defaults` reproduces the repository.
+leaving a demo name behind); a file the project no longer has is skipped. The demo's own answers change nothing:
+`copier copy --defaults` reproduces the repository.
 
     python scripts/template_names.py --project-name acme --model-name acme ... [--dir DEST]
 """
@@ -83,16 +83,20 @@ NAMES: list[tuple[str, str, str]] = [
     ("docker/README.md", "on the real GTSRB test split", "on the template's demo test split"),
     ("models/README.md", "gtsrb-classifier", "{registered_model_name}"),
     # deployment manifests and the release workflow
-    *[(f"deploy/k8s/{name}", "gtsrb-server", "{image_name}")
-      for name in ("deployment.yaml", "hpa.yaml", "kustomization.yaml", "pdb.yaml", "service.yaml")],  # fmt: skip
+    *[
+        (f"deploy/k8s/{name}", "gtsrb-server", "{image_name}")
+        for name in ("deployment.yaml", "hpa.yaml", "kustomization.yaml", "pdb.yaml", "service.yaml")
+    ],
     ("deploy/kserve/inferenceservice.yaml", "gtsrb-classifier", "{registered_model_name}"),
     ("deploy/kserve/inferenceservice.yaml", "gtsrb-server", "{image_name}"),
     ("deploy/kserve/servingruntime.yaml", "gtsrb-classifier", "{registered_model_name}"),
     ("deploy/kserve/servingruntime.yaml", "gtsrb-server", "{image_name}"),
     ("deploy/kubeflow/trainjob.yaml", "gtsrb.example/", "{project_name}.example/"),
     ("deploy/kubeflow/trainjob.yaml", "gtsrb-", "{project_name}-"),
-    *[(f"deploy/monitoring/{name}", "gtsrb-server", "{image_name}")
-      for name in ("alerts.yml", "alerts.test.yml", "prometheus.yml", "servicemonitor.yaml")],  # fmt: skip
+    *[
+        (f"deploy/monitoring/{name}", "gtsrb-server", "{image_name}")
+        for name in ("alerts.yml", "alerts.test.yml", "prometheus.yml", "servicemonitor.yaml")
+    ],
     ("deploy/platform/compose.yaml", "gtsrb-platform", "{project_name}-platform"),
     (".github/workflows/release.yml", "gtsrb-server", "{image_name}"),
     (".github/workflows/release.yml", "gtsrb-pipeline", "{project_name}"),
@@ -104,6 +108,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("docs/scaling.md", "gtsrb-classifier", "{registered_model_name}"),
     ("docs/scaling.md", "gtsrb-server", "{image_name}"),
     ("docs/scaling.md", "gtsrb-platform", "{project_name}-platform"),
+    ("docs/scaling.md", "gtsrb-train", "{project_name}-train"),
     # the tests that name what the project serves (the server answers under serve.model_name)
     ("tests/serve/test_server.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
     ("tests/serve/test_server.py", '"gtsrb"', '"{model_name}"'),
@@ -135,19 +140,37 @@ REGISTRY: list[tuple[str, str, str]] = [
 # A folder or CSV data source: the data section says so, with its own defaults (config.py keeps the demo source
 # as a choice), and the texts that described the demo's data in general places describe the project's.
 DATA: list[tuple[str, str, str]] = [
-    ("params.yaml", "  source: gtsrb           # gtsrb (the demo) | folder", "  source: {data_source}          # folder"),
+    (
+        "params.yaml",
+        "  source: gtsrb           # gtsrb (the demo) | folder",
+        "  source: {data_source}          # folder",
+    ),
     ("params.yaml", "path,label[,group,box,split])\n", "path,label[,group,box,split]) | the template's demo\n"),
-    ("params.yaml", "  root: data/raw          # gtsrb: holds torchvision's gtsrb/ layout (GTSRB_ROOT overrides it); folder / csv: your data",
-     "  root: {data_root}          # folder: your folder of class folders; csv: your CSV file"),  # fmt: skip
-    ("params.yaml", "  download: true          # gtsrb: let torchvision fetch GTSRB into root when missing (needs internet)",
-     "  download: false         # only the template's demo source downloads"),  # fmt: skip
+    (
+        "params.yaml",
+        "  root: data/raw          # gtsrb: holds torchvision's gtsrb/ layout (GTSRB_ROOT overrides it); folder / csv: your data",
+        "  root: {data_root}          # folder: your folder of class folders; csv: your CSV file",
+    ),
+    (
+        "params.yaml",
+        "  download: true          # gtsrb: let torchvision fetch GTSRB into root when missing (needs internet)",
+        "  download: false         # only the template's demo source downloads",
+    ),
     ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
     ("params.yaml", " | gtsrb (GTSRB test files under data.root / $GTSRB_ROOT, whole)", ""),
     ("pipeline/config.py", '"csv"] = "gtsrb"', '"csv"] = "{data_source}"'),
     ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
     ("pipeline/config.py", "download: bool = True", "download: bool = False"),
-    ("pipeline/cli.py", "Read GTSRB, crop to the sign, resize, split by track;", "Read the raw images, crop, resize, split by group;"),
-    ("Makefile", "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)", "run the DVC pipeline (dvc repro)"),
+    (
+        "pipeline/cli.py",
+        "Read GTSRB, crop to the sign, resize, split by track;",
+        "Read the raw images, crop, resize, split by group;",
+    ),
+    (
+        "Makefile",
+        "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)",
+        "run the DVC pipeline (dvc repro)",
+    ),
 ]
 
 README = """# {project_name}
@@ -198,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     for key, pattern in CHECKS.items():
         if not re.fullmatch(pattern, answers[key]):
             raise SystemExit(f"template_names: {key} {answers[key]!r} does not match {pattern}")
+    if answers == DEMO:  # the demo itself: the repository as it is
+        print("template_names: the demo's answers, nothing to rename")
+        return
     values = {**answers, "demo_description": DEMO["description"]}
     root: Path = args.dir
     changed = substitute(root, NAMES, values)

@@ -1,0 +1,302 @@
+"""The repository as a copier template (copier.yml, scripts/template_names.py): `copier copy` with other names and a
+folder data set writes a project whose names are its own, whose own tests and `dvc repro` run, and `copier update`
+merges a later template commit into a project its users changed. Template-only: not copied into projects."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+from tests.helpers.project import GIT_IDENTITY
+
+ANSWERS = {
+    "project_name": "acme-vision",
+    "model_name": "acme",
+    "image_name": "acme-server",
+    "registry": "ghcr.io/acme",
+    "registered_model_name": "acme-classifier",
+    "experiment": "acme-runs",
+    "api_title": "Acme part classifier",
+    "description": "Acme parts from camera images to a served model",
+    "data_source": "folder",
+}
+
+# The demo's own files: the only files of a generated project (folder or CSV data) that may still say "gtsrb".
+# Everything else speaks of the project's names and data (test_a_generated_project_has_its_own_names).
+DEMO_FILES: dict[str, list[str]] = {
+    "the built-in demo data source (data.source / monitor.source `gtsrb`, $GTSRB_ROOT) stays a choice of the "
+    "package: its reader, the code that selects it, and the scripts, workflow steps and marker that feed it": [
+        "pipeline/data/gtsrb.py",
+        "pipeline/data/__init__.py",
+        "pipeline/data/listing.py",
+        "pipeline/config.py",
+        "pipeline/stages/prepare.py",
+        "pipeline/monitor.py",
+        "pipeline/bench/models.py",
+        "pipeline/bench/accuracy.py",
+        "dvc.yaml",
+        "data/README.md",
+        "scripts/raw-data.sh",
+        "scripts/act.sh",
+        "scripts/gpu-check.sh",
+        ".ci/run",
+        ".github/workflows/pipeline.yml",
+        "pyproject.toml",
+    ],
+    "comments on choices measured on the demo data (sign boxes, tracks, contrast, pruning)": [
+        "pipeline/artifacts/model_card.py",
+        "pipeline/artifacts/prepared.py",
+        "pipeline/nets.py",
+        "pipeline/optimize/prune.py",
+        "pipeline/preprocess.py",
+        "pipeline/serve/protocol.py",
+        "pipeline/stages/card.py",
+        "pipeline/stages/evaluate.py",
+    ],
+    "the package's own test suite: its data is a synthetic copy of the demo data set (tests/helpers/gtsrb.py), or "
+    "the real sample under $GTSRB_ROOT; $GTSRB_REQUIRE_DOCKER and $GTSRB_TEST_BASE_IMAGE are CI's switches": [
+        "tests/bench/test_gpu.py",
+        "tests/conftest.py",
+        "tests/data/test_gtsrb.py",
+        "tests/data/test_listing.py",
+        "tests/helpers/digits.py",
+        "tests/helpers/gtsrb.py",
+        "tests/helpers/params.py",
+        "tests/helpers/photos.py",
+        "tests/helpers/project.py",
+        "tests/ship/conftest.py",
+        "tests/ship/test_platform_compose.py",
+        "tests/stages/test_optimize.py",
+        "tests/stages/test_prepare.py",
+        "tests/test_act.py",
+        "tests/test_cli.py",
+        "tests/test_config.py",
+        "tests/test_docs.py",
+        "tests/test_drift.py",
+        "tests/test_dvc.py",
+        "tests/test_monitor.py",
+        "tests/test_preprocess.py",
+        "tests/test_team_stack.py",
+        "tests/test_workflows.py",
+    ],
+    "the template's manual: how the package works, shown on the demo, and the demo's measured results": [
+        "docs/ci.md",
+        "docs/experiments.md",
+        "docs/getting-started.md",
+        "docs/index.md",
+        "docs/notebooks/tour.ipynb",
+        "docs/own-data.md",
+        "docs/own-model.md",
+        "docs/results-history.md",
+        "docs/results.md",
+        "docs/scaling.md",
+        "docs/serving.md",
+        "docs/stages.md",
+    ],
+}
+ALLOWED = {path for paths in DEMO_FILES.values() for path in paths}
+# The demo's names themselves (not the data source's): nowhere in a generated project but the demo's measurements.
+DEMO_NAMES = re.compile(
+    r"gtsrb-(server|classifier|pipeline|platform|train|checkpoints)|/models/gtsrb\b|model_name: gtsrb\b|"
+    r"experiment: gtsrb\b|GTSRB traffic-sign classifier|GTSRB MLOps",
+    re.IGNORECASE,
+)
+MEASURED = {"docs/results.md", "docs/results-history.md"}
+TEMPLATE_ONLY = ["copier.yml", "scripts/template_names.py", "tests/test_template.py"]
+
+
+def git(*args: str, cwd: Path) -> str:
+    result = subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **GIT_IDENTITY}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def copier(*args: str, cwd: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPIER_")} | GIT_IDENTITY
+    result = subprocess.run([sys.executable, "-m", "copier", *args], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def template_repo(dest: Path, tag: str = "v0.0.1") -> Path:
+    """The template as a git repository with one tagged commit: the files git knows here (tracked, and new ones
+    not ignored), as they are on disk, so that uncommitted edits are what is tested."""
+    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO).split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    git("init", "-q", "-b", "main", cwd=dest)
+    git("add", "-A", cwd=dest)
+    git("commit", "-q", "-m", "template", cwd=dest)
+    git("tag", tag, cwd=dest)
+    return dest
+
+
+def generate(template: Path, dest: Path, ref: str, **answers: str) -> Path:
+    data = [arg for key, value in answers.items() for arg in ("--data", f"{key}={value}")]
+    copier(
+        "copy", "--trust", "--defaults", "--quiet", "--vcs-ref", ref, *data, str(template), str(dest), cwd=dest.parent
+    )
+    return dest
+
+
+def files_of(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return template_repo(tmp_path_factory.mktemp("template"))
+
+
+def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -> None:
+    """Other names and a folder data set: every name is the project's, "gtsrb" is left only in the demo's own files,
+    params.yaml validates with the generated package, and the generated project's config and layout tests pass."""
+    project = generate(template, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root="data/parts")
+    files = files_of(project)
+    assert not set(TEMPLATE_ONLY) & set(files) and not any("{{" in name for name in files)
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_commit"] == "v0.0.1" and answers["_src_path"] == str(template)
+    assert {k: answers[k] for k in ANSWERS} == ANSWERS and answers["data_root"] == "data/parts"
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert params["data"] == params["data"] | {"source": "folder", "root": "data/parts", "download": False}
+    assert params["serve"]["model_name"] == "acme"
+    assert params["containerize"]["image"] == "acme-server" and params["deploy"]["container_name"] == "acme-server"
+    assert params["deploy"]["registry"] == "ghcr.io/acme"
+    assert params["tracking"] == params["tracking"] | {
+        "experiment": "acme-runs",
+        "registered_model_name": "acme-classifier",
+    }
+    assert 'description = "Acme parts from camera images to a served model"' in (project / "pyproject.toml").read_text()
+    assert 'title="Acme part classifier"' in (project / "pipeline/serve/app.py").read_text()
+    assert (project / "README.md").read_text().startswith("# acme-vision\n")
+    assert "name: acme-server\n" in (project / "deploy/k8s/deployment.yaml").read_text()
+    assert "ghcr.io/${OWNER,,}/acme-server" in (project / ".github/workflows/release.yml").read_text()
+    assert "name: acme-classifier\n" in (project / "deploy/kserve/inferenceservice.yaml").read_text()
+
+    stale = sorted(ALLOWED - set(files))
+    assert not stale, f"DEMO_FILES lists files a project does not have: {stale}"
+    names_left, word_left = [], []
+    for name in files:
+        text = (project / name).read_text(errors="replace")
+        if name not in MEASURED and DEMO_NAMES.search(text):
+            names_left.append(f"{name}: {DEMO_NAMES.search(text).group(0)}")  # type: ignore[union-attr]
+        if name not in ALLOWED and "gtsrb" in text.lower():
+            word_left.append(name)
+    assert names_left == [] and word_left == []
+
+    # The generated package reads its params.yaml; its own config and layout tests pass (the whole suite is a copy
+    # of this one: docs/getting-started.md gives its run time).
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    check = (
+        "from pathlib import Path; import pipeline.config as c; p = c.load_params(Path('params.yaml')); "
+        "print(Path(c.__file__).parent.parent, p.serve.model_name, p.data.source, c.Params().serve.model_name)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check], cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.split() == [str(project), "acme", "folder", "acme"], out.stderr
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_config.py",
+                            "tests/test_layout.py"], cwd=project, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+
+
+def test_the_default_answers_reproduce_the_demo(template: Path, tmp_path: Path) -> None:
+    """The demo stays the template's default: `copier copy --defaults` writes the repository's files unchanged."""
+    project = generate(template, tmp_path / "demo", "v0.0.1")
+    expected = [name for name in files_of(template) if name not in TEMPLATE_ONLY and "{{" not in name]
+    assert files_of(project) == sorted([*expected, ".copier-answers.yml"])
+    changed = [name for name in expected if (project / name).read_bytes() != (template / name).read_bytes()]
+    assert changed == []
+
+
+@pytest.mark.slow
+def test_a_generated_project_runs_dvc_repro_through_evaluate(template: Path, tmp_path: Path) -> None:
+    """A project generated for a folder data set (scikit-learn's digits as PNGs): its own `dvc repro evaluate`, on
+    small settings, with the project's package (this environment's tools)."""
+    from tests.helpers.digits import write_digits_folder
+
+    digits = write_digits_folder(tmp_path / "digits")
+    project = generate(template, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root=str(digits))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert params["data"]["root"] == str(digits)
+    params["data"]["image_size"] = 8
+    params["model"].update({"width": 8, "members": 1})
+    params["train"].update({"epochs": 3, "batch_size": 64, "nproc": 1, "checkpoint_every": 0})
+    params["evaluate"]["min_accuracy"] = 0.0
+    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
+                               "max_accuracy_drop": 0.05})  # fmt: skip
+    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                                "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
+    params["tracking"]["enabled"] = False
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {k: v for k, v in os.environ.items() if k not in ("GTSRB_ROOT", "MLFLOW_TRACKING_URI")}
+    env |= {"PYTHONPATH": str(project), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
+    git("init", "-q", cwd=project)
+    for cmd in (["init", "-q"], ["repro", "evaluate"]):
+        result = subprocess.run([sys.executable, "-m", "dvc", *cmd], cwd=project, env=env, capture_output=True,
+                                text=True, timeout=900)  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prepared = yaml.safe_load((project / "data/prepared/manifest.json").read_text())
+    assert prepared["dataset"] == "digits" and prepared["classes"] == [str(d) for d in range(10)]
+    evaluation = yaml.safe_load((project / "reports/evaluate/metrics.json").read_text())
+    assert evaluation["measured_on"] == "original files, whole" and evaluation["accuracy"] > 0.5
+    assert not (project / "reports/model_card.md").exists()  # through evaluate, not further
+
+
+@pytest.mark.slow
+def test_copier_update_merges_a_later_template_commit_into_an_edited_project(template: Path, tmp_path: Path) -> None:
+    """A project generated from v0.0.1 and changed by its users (committed) takes v0.0.2 of the template with
+    `copier update`: the template's change arrives renamed, the users' edits stay, nothing conflicts."""
+    base = tmp_path / "template"
+    shutil.copytree(template, base)  # its own history: this test adds a commit
+    project = generate(base, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root="data/parts")
+    git("init", "-q", "-b", "main", cwd=project)
+    git("add", "-A", cwd=project)
+    git("commit", "-q", "-m", "generated", cwd=project)
+    # The users' edits: a setting, and a line of their own in a renamed file.
+    params = (project / "params.yaml").read_text()
+    assert "  epochs: 12\n" in params
+    (project / "params.yaml").write_text(params.replace("  epochs: 12\n", "  epochs: 30\n", 1))
+    with (project / "deploy/k8s/service.yaml").open("a") as f:
+        f.write("# ours: the service behind the acme gateway\n")
+    git("commit", "-q", "-am", "our settings", cwd=project)
+
+    # The template's later commit: a file the users did not edit, holding a name the task rewrites.
+    hpa = base / "deploy/k8s/hpa.yaml"
+    text = hpa.read_text()
+    assert "  name: gtsrb-server\n" in text
+    hpa.write_text(
+        text.replace("  name: gtsrb-server\n", "  name: gtsrb-server  # scales the server's Deployment\n", 1)
+    )
+    git("commit", "-q", "-am", "hpa: say what it scales", cwd=base)
+    git("tag", "v0.0.2", cwd=base)
+
+    out = copier("update", "--trust", "--defaults", "--vcs-ref", "v0.0.2", cwd=project)
+    # the task ran in each render: the old version's, the project's and the new version's
+    assert out.count("template_names: ") == 3, out
+    status = git("status", "--porcelain", cwd=project)
+    assert status.split("\n")[:-1] and all(line[3:] in {"deploy/k8s/hpa.yaml", ".copier-answers.yml"}
+                                           for line in status.splitlines()), status  # fmt: skip
+    assert "  name: acme-server  # scales the server's Deployment\n" in (project / "deploy/k8s/hpa.yaml").read_text()
+    assert "  epochs: 30\n" in (project / "params.yaml").read_text()
+    assert "# ours: the service behind the acme gateway\n" in (project / "deploy/k8s/service.yaml").read_text()
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_commit"] == "v0.0.2" and answers["model_name"] == "acme"
+    for name in files_of(project):
+        text = (project / name).read_text(errors="replace")
+        assert "<<<<<<<" not in text and ">>>>>>>" not in text and not name.endswith(".rej"), name
+    assert "gtsrb" not in (project / "deploy/k8s/hpa.yaml").read_text().lower()
