@@ -48,12 +48,13 @@ CHECKS = {
     "registry": r"([a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*)?",
 }
 
-# (file, demo text, new text): {name} is the answer `name`. Applied in this order, each to every occurrence.
+# (file, demo text, new text): {name} is the answer `name`. Applied in this order, each to every occurrence of the
+# text where it is not part of a longer word (pattern()).
 NAMES: list[tuple[str, str, str]] = [
     # the configuration: params.yaml and its typed defaults (tests/test_config.py: one set)
-    ("params.yaml", "  model_name: gtsrb\n", "  model_name: {model_name}\n"),
+    ("params.yaml", "  model_name: gtsrb", "  model_name: {model_name}"),
     ("params.yaml", "gtsrb-server", "{image_name}"),
-    ("params.yaml", "  experiment: gtsrb\n", "  experiment: {experiment}\n"),
+    ("params.yaml", "  experiment: gtsrb", "  experiment: {experiment}"),
     ("params.yaml", "gtsrb-classifier", "{registered_model_name}"),
     ("pipeline/config.py", 'Field("gtsrb", pattern', 'Field("{model_name}", pattern'),
     ("pipeline/config.py", "gtsrb-server", "{image_name}"),
@@ -195,6 +196,14 @@ Later template versions: `copier update --trust` in a clean working tree merges 
 """
 
 
+def pattern(old: str) -> re.Pattern[str]:
+    """`old` where it is not part of a longer word (`model_name: gtsrb` is not the start of `model_name: gtsrbx`;
+    `gtsrb-server` in `gtsrb-server-auth` is a name, and renamed)."""
+    before = r"(?<!\w)" if re.match(r"\w", old) else ""
+    after = r"(?!\w)" if re.search(r"\w$", old) else ""
+    return re.compile(before + re.escape(old) + after)
+
+
 def substitute(root: Path, rules: list[tuple[str, str, str]], values: dict[str, str]) -> list[str]:
     """Apply `rules` under `root`; the files changed."""
     changed = []
@@ -204,9 +213,10 @@ def substitute(root: Path, rules: list[tuple[str, str, str]], values: dict[str, 
             continue
         text = path.read_text()
         old, new = old.format(**values), new.format(**values)
-        if old not in text:
+        text, count = pattern(old).subn(lambda _, new=new: new, text)
+        if not count:
             raise SystemExit(f"template_names: {name}: {old!r} not found (the template changed: update the table)")
-        path.write_text(text.replace(old, new))
+        path.write_text(text)
         changed.append(name)
     return changed
 
