@@ -282,17 +282,24 @@ def test_copier_update_merges_a_later_template_commit_into_an_edited_project(tem
     hpa.write_text(
         text.replace("  name: gtsrb-server\n", "  name: gtsrb-server  # scales the server's Deployment\n", 1)
     )
-    git("commit", "-q", "-am", "hpa: say what it scales", cwd=base)
+    # ... and a line the task rewrites, in a file the users edited elsewhere (a 3-way merge of renamed text).
+    params = (base / "params.yaml").read_text()
+    assert "  model_name: gtsrb\n" in params
+    (base / "params.yaml").write_text(
+        params.replace("  model_name: gtsrb\n", "  model_name: gtsrb  # /v2/models/<name>\n")
+    )
+    git("commit", "-q", "-am", "hpa: say what it scales; params: where the model name shows", cwd=base)
     git("tag", "v0.0.2", cwd=base)
 
     out = copier("update", "--trust", "--defaults", "--vcs-ref", "v0.0.2", cwd=project)
     # the task ran in each render: the old version's, the project's and the new version's
     assert out.count("template_names: ") == 3, out
     status = git("status", "--porcelain", cwd=project)
-    assert status.split("\n")[:-1] and all(line[3:] in {"deploy/k8s/hpa.yaml", ".copier-answers.yml"}
-                                           for line in status.splitlines()), status  # fmt: skip
+    changed = sorted(line[3:] for line in status.splitlines())
+    assert changed == [".copier-answers.yml", "deploy/k8s/hpa.yaml", "params.yaml"], status
     assert "  name: acme-server  # scales the server's Deployment\n" in (project / "deploy/k8s/hpa.yaml").read_text()
-    assert "  epochs: 30\n" in (project / "params.yaml").read_text()
+    params = (project / "params.yaml").read_text()
+    assert "  epochs: 30\n" in params and "  model_name: acme  # /v2/models/<name>\n" in params
     assert "# ours: the service behind the acme gateway\n" in (project / "deploy/k8s/service.yaml").read_text()
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert answers["_commit"] == "v0.0.2" and answers["model_name"] == "acme"
