@@ -1,4 +1,4 @@
-"""The repository as a copier template (copier.yml, scripts/template_names.py): `copier copy` with other names and a
+"""The repository as a copier template (copier.yml, .copier/template_names.py): `copier copy` with other names and a
 folder data set writes a project whose names are its own, whose own tests and `dvc repro` run, and `copier update`
 merges a later template commit into a project its users changed. Template-only: not copied into projects."""
 
@@ -110,7 +110,7 @@ DEMO_NAMES = re.compile(
     re.IGNORECASE,
 )
 MEASURED = {"docs/results.md", "docs/results-history.md"}
-TEMPLATE_ONLY = ["copier.yml", "scripts/template_names.py", "tests/test_template.py"]
+TEMPLATE_ONLY = ["copier.yml", ".copier/template_names.py", "tests/test_template.py"]
 
 
 def git(*args: str, cwd: Path) -> str:

@@ -10,7 +10,7 @@ Every substitution must find its text (a template change that drops one fails ge
 leaving a demo name behind); a file the project no longer has is skipped. The demo's own answers change nothing:
 `copier copy --defaults` reproduces the repository.
 
-    python scripts/template_names.py --project-name acme --model-name acme ... [--dir DEST]
+    python .copier/template_names.py --project-name acme --model-name acme ... [--dir DEST]
 """
 
 from __future__ import annotations
