@@ -228,9 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     answers = {key: str(getattr(args, key)) for key in DEMO}
-    for key, pattern in CHECKS.items():
-        if not re.fullmatch(pattern, answers[key]):
-            raise SystemExit(f"template_names: {key} {answers[key]!r} does not match {pattern}")
+    for key, allowed in CHECKS.items():
+        if not re.fullmatch(allowed, answers[key]):
+            raise SystemExit(f"template_names: {key} {answers[key]!r} does not match {allowed}")
     if answers == DEMO:  # the demo itself: the repository as it is
         print("template_names: the demo's answers, nothing to rename")
         return
