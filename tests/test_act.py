@@ -86,6 +86,7 @@ def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, t
     import numpy as np
     from PIL import Image, ImageEnhance
 
+    from pipeline.artifacts import drift_reference
     from pipeline.artifacts.prepared import read_test_files
     from pipeline.client import encode, multipart
     from tests.helpers.server import start_server
@@ -102,7 +103,11 @@ def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, t
                 )
 
     originals = [Image.open(f.path).convert("RGB") for f in read_test_files(benchmarked_project / "data" / "prepared")]
-    server = start_server(benchmarked_project / "models", tmp_path, {}, reports_dir=benchmarked_project / "reports")
+    # the variant evaluate counted the reference on (the benchmark's choice, which differs between machines)
+    counted_on = drift_reference.read(benchmarked_project / drift_reference.REFERENCE_PATH).variant
+    server = start_server(
+        benchmarked_project / "models", tmp_path, {"variant": counted_on}, reports_dir=benchmarked_project / "reports"
+    )
     try:
         send(server.url, [encode(np.asarray(image)) for image in originals])
         clean = act("monitor", "-j", "drift", "--input", f"url={server.url}", out=tmp_path / "clean")
