@@ -51,10 +51,10 @@ def scrape_signals(base: str, classes: list[str], timeout_s: float) -> drift.Sig
     status, _, body = http("GET", f"{base}/metrics", timeout_s=timeout_s)
     if status != 200:
         raise StageError(f"monitor --drift: {base}/metrics answered {status}")
-    counts = drift.parse_metrics(body.decode(), classes)
-    if not any(s.metric in body.decode() for s in drift.SIGNALS.values()):
+    text = body.decode()
+    if not any(s.metric in text for s in drift.SIGNALS.values()):
         raise StageError(f"monitor --drift: {base}/metrics has no drift signals (a server older than this version?)")
-    return counts
+    return drift.parse_metrics(text, classes)
 
 
 def query_prometheus(prometheus: str, classes: list[str], window_s: float, timeout_s: float) -> drift.SignalCounts:

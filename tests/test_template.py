@@ -228,20 +228,15 @@ def test_a_generated_project_runs_dvc_repro_through_evaluate(template: Path, tmp
     """A project generated for a folder data set (scikit-learn's digits as PNGs): its own `dvc repro evaluate`, on
     small settings, with the project's package (this environment's tools)."""
     from tests.helpers.digits import write_digits_folder
+    from tests.helpers.project import tiny_pipeline_params
 
     digits = write_digits_folder(tmp_path / "digits")
     project = generate(template, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root=str(digits))
+    assert yaml.safe_load((project / "params.yaml").read_text())["data"]["root"] == str(digits)
+    tiny_pipeline_params(project)  # the end-to-end tests' small model and short benchmark
     params = yaml.safe_load((project / "params.yaml").read_text())
-    assert params["data"]["root"] == str(digits)
     params["data"]["image_size"] = 8
-    params["model"].update({"width": 8, "members": 1})
-    params["train"].update({"epochs": 3, "batch_size": 64, "nproc": 1, "checkpoint_every": 0})
-    params["evaluate"]["min_accuracy"] = 0.0
-    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
-                               "max_accuracy_drop": 0.05})  # fmt: skip
-    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                                "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
-    params["tracking"]["enabled"] = False
+    params["train"].update({"epochs": 3, "checkpoint_every": 0})
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     env = {k: v for k, v in os.environ.items() if k not in ("GTSRB_ROOT", "MLFLOW_TRACKING_URI")}
     env |= {"PYTHONPATH": str(project), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}

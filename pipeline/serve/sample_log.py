@@ -105,8 +105,9 @@ class SampleLog:
         self.queue.task_done()
 
     def _write(self, item: Kept) -> None:
-        line = (json.dumps(item.record | {"file": ""}) + "\n").encode()
-        if self.used + len(item.data) + len(line) + 64 > self.max_bytes:
+        name = f"{item.record['id']}.{extension(item.data)}"
+        line = (json.dumps(item.record | {"file": name}) + "\n").encode()
+        if self.used + len(item.data) + len(line) > self.max_bytes:
             self.dropped += 1
             if not self.full_logged:
                 self.full_logged = True
@@ -114,9 +115,7 @@ class SampleLog:
             return
         day = self.root / item.record["time"][:10]
         day.mkdir(exist_ok=True)
-        name = f"{item.record['id']}.{extension(item.data)}"
         (day / name).write_bytes(item.data)
-        line = (json.dumps(item.record | {"file": name}) + "\n").encode()
         with (day / JSONL).open("ab") as fh:
             fh.write(line)
         self.used += len(item.data) + len(line)
