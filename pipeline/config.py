@@ -63,6 +63,9 @@ class DataConfig(Section):
     """Sources without a test split: the fraction of each class's groups held out for testing."""
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     """Fail the stage when more than this fraction of images cannot be read."""
+    shard_mb: int = Field(64, ge=1, le=4096)
+    """Size of each prepared image shard (data/prepared/SPLIT/images-NNNNN.npy): what prepare holds in memory per
+    split while writing; readers take single rows from them, so it bounds nothing else."""
     seed: int = 42
 
     def resolved_root(self) -> Path:
@@ -410,7 +413,7 @@ class DeployConfig(Section):
     """Leave the container running after the smoke test (it is replaced on the next deploy)."""
     ready_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
     smoke_images: int = Field(0, ge=0)
-    """Test images to send (the first N); 0 = all of data/prepared/test.npz."""
+    """Test images to send (the first N); 0 = all of data/prepared/test/."""
     accuracy_tolerance: float = Field(0.0, ge=0.0, le=1.0)
     """Largest allowed |accuracy through the API - evaluate stage's accuracy| (0: must be equal)."""
     skip_without_engine: bool = False
@@ -439,7 +442,7 @@ class MonitorConfig(Section):
     source: Literal["files", "prepared", "gtsrb"] = "files"
     """Labelled images, sent as whole PNG files as users send them: `files` = the prepared test split's original
     files (data/prepared/test_files); `gtsrb` = the GTSRB test split's files under data.root ($GTSRB_ROOT);
-    `prepared` = the prepared crops (ROI + margin, resized) of data/prepared/test.npz."""
+    `prepared` = the prepared crops (ROI + margin, resized) of data/prepared/test/."""
     images: int = Field(200, ge=0)
     """Images to send: the first N of the source; 0 = all of them."""
     batch_size: int = Field(8, ge=1, le=256)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifacts import REPORTS_DIR
-from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
+from pipeline.artifacts.prepared import MANIFEST_FILE, PREPARED_DIR, read_split, read_test_files
 from pipeline.client import encode, http, multipart, top1
 from pipeline.config import MONITOR_URL_ENV, MonitorConfig, Params
 from pipeline.console import log
@@ -77,7 +77,7 @@ def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
                 files.append(encode(image, "png"))
             targets.append(original.label)
     elif config.source == "prepared":
-        path = PREPARED_DIR / "test.npz"
+        path = PREPARED_DIR / MANIFEST_FILE
         if not path.is_file():
             raise StageError(
                 f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: gtsrb with GTSRB_ROOT"

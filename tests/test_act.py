@@ -70,7 +70,7 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert (artifact / "models" / "manifest.json").is_file()
         evaluated = json.loads((artifact / "reports" / "evaluate" / "metrics.json").read_text())
         assert evaluated["variant"] == json.loads((artifact / "models" / "serving.json").read_text())["variant"]
-        assert (artifact / "data" / "prepared" / "test.npz").is_file()
+        assert (artifact / "data" / "prepared" / "test" / "images-00000.npy").is_file()
         assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
         assert not (artifact / "models" / "checkpoints").exists()
         assert "epochs: 2" in (artifact / "params.yaml").read_text()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.artifacts.prepared import read_split
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
 from tests.helpers.project import make_project, run, tiny_pipeline_params, use_gtsrb
@@ -26,7 +27,7 @@ def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, di
     dvc = [sys.executable, "-m", "dvc"]
     first = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in first
-    assert (work / "data/prepared/train.npz").is_file()
+    assert (work / "data/prepared/train/images-00000.npy").is_file()
 
     second = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" not in second
@@ -39,10 +40,8 @@ def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, di
     assert "modified" in status and "data" in status  # dvc.yaml tracks the whole data section
     third = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in third
-    import numpy as np
 
-    with np.load(work / "data/prepared/test.npz") as npz:
-        assert npz["images"].shape[1:] == (24, 24, 3)
+    assert read_split("test", work / "data/prepared").images.shape[1:] == (24, 24, 3)
     metrics = run([*dvc, "metrics", "show"], work, env)
     assert "test_images" in metrics
 
@@ -267,7 +266,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
         metadata = httpx.get(f"{server.url}/v2/models/digits").json()
         assert metadata["parameters"]["classes"] == classes
         files = [(work / "data/prepared" / name) for name in prepared["test_files"]]
-        labels = [int(label) for label in np.load(work / "data/prepared/test.npz")["labels"]]
+        labels = [int(label) for label in read_split("test", work / "data/prepared").labels]
         answers = predict_files(server.url, [f.read_bytes() for f in files], "png")
         accuracy = float(np.mean(np.asarray(answers) == np.asarray(labels)))
         assert len(files) >= 300 and accuracy >= 0.95, accuracy

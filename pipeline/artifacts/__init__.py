@@ -1,7 +1,7 @@
 """The files one stage writes and another reads: one module per file, each owning its path, its typed schema,
 its writer and its reader, and one clear error (StageError) for a missing, foreign or corrupt file.
 
-    prepared.py     data/prepared/{train,val,test}.npz + manifest.json   prepare -> train, evaluate, optimize, ...
+    prepared.py     data/prepared/{train,val,test}/ shards + manifest.json prepare -> train, evaluate, optimize, ...
     model.py        models/model.pt (and the variants' .pt files)         train -> evaluate, optimize
     variants.py     models/manifest.json + models/variants/               optimize -> benchmark, containerize, serve
     serving.py      models/serving.json                                   benchmark -> serve, containerize

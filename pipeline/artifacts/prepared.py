@@ -1,12 +1,22 @@
 """data/prepared/: the prepare stage's output, read by train, evaluate, optimize, benchmark, deploy and monitor.
 
-    data/prepared/{train,val,test}.npz   images uint8 [N, S, S, 3] RGB, labels uint8 [N], tracks int32 [N]
-    data/prepared/manifest.json          PreparedManifest: image size, classes, mean/std, per-split counts, hash
+    data/prepared/{train,val,test}/images-NNNNN.npy  image shards: uint8 [n, S, S, 3] RGB, at most data.shard_mb each
+    data/prepared/{train,val,test}/labels.npy        uint8 [N]; tracks.npy: int32 [N] (class * 100_000 + group, -1)
+    data/prepared/manifest.json          PreparedManifest: image size, classes, mean/std, each split's shards with
+                                         their counts and SHA-256, the content hash
     data/prepared/test_files/            the test split's original image files, byte for byte, in the arrays'
                                          order: what a user sends the server (whole images, no box)
 
-The folder is written to a staging folder and swapped in whole, so readers never see half of it. numpy and
-pydantic only: the server image and `pipeline monitor` read it without torch.
+Why `.npy` shards read by offset (and not WebDataset, LitData or MDS): the training loader's guarantees (one
+global permutation per epoch, resume at the same sample with another process count) need any sample by its
+index; a row of a shard is at a fixed offset, so a batch is one `pread` per image, straight into the batch
+buffer. Nothing is memory-mapped, so a process holds only its batches, whatever the data's size (a mapped file
+counts in RSS as it is touched). WebDataset's tar streams are sequential (a shuffle buffer, no global order);
+LitData and MDS index samples too, but add their own chunk format, cache and workers to what numpy reads.
+
+The writer streams: shards are written as they are filled, the content hash and per-channel sums are updated as
+they go, the folder is staged and swapped in whole, so readers never see half of it. numpy and pydantic only:
+the server image and `pipeline monitor` read it without torch.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,7 +42,10 @@ PREPARED_DIR = DATA_DIR / "prepared"
 MANIFEST_FILE = "manifest.json"
 TEST_FILES = "test_files"
 SPLITS = ("train", "val", "test")
+LABELS_FILE = "labels.npy"
+TRACKS_FILE = "tracks.npy"
 RERUN = "run `pipeline prepare` first (or `dvc pull`)"
+SHARD_MB = 64
 
 
 @dataclass
@@ -53,12 +66,22 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ShardInfo(_Record):
+    file: str
+    """Path under data/prepared/ (SPLIT/images-NNNNN.npy)."""
+    count: int
+    sha256: str
+    """Of the shard's pixel bytes (not the .npy header)."""
+
+
 class SplitInfo(_Record):
     file: str
+    """The split's folder under data/prepared/."""
     count: int
     per_class: list[int]
     tracks: int | None
     """Physical signs (GTSRB tracks) in the split; None for the test split."""
+    shards: list[ShardInfo] = []
 
 
 class BadImages(_Record):
@@ -85,8 +108,8 @@ class PreparedManifest(_Record):
     """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
     framing: Literal["served", "roi"] = "roi"
     """How train and val were made: `served` = whole files less `crop` (what the server is sent), `roi` = the
-    sign's box + roi_margin. test.npz is always the ROI protocol (how papers report GTSRB); the served test
-    input is test_files/ through `served_framing()`."""
+    sign's box + roi_margin. The test arrays are always the ROI protocol (how papers report GTSRB); the served
+    test input is test_files/ through `served_framing()`."""
     crop: tuple[float, float, float, float] = NO_CROP
     """What the served input cuts off a whole image (left, top, right, bottom fractions); see preprocess.Framing."""
     resize_mode: Resize = "stretch"
@@ -98,6 +121,7 @@ class PreparedManifest(_Record):
 
 
 def content_sha256(arrays: dict[str, SplitArrays]) -> str:
+    """The hash the writer computes as it streams: each split's image bytes, then its labels, in SPLITS order."""
     digest = hashlib.sha256()
     for split in SPLITS:
         for array in (arrays[split].images, arrays[split].labels):
@@ -105,36 +129,172 @@ def content_sha256(arrays: dict[str, SplitArrays]) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class SplitStats:
+    """What the writer learnt of one split while streaming it (the manifest's counts, mean/std)."""
+
+    info: SplitInfo
+    labels: np.ndarray
+    tracks: np.ndarray
+    channel_sum: np.ndarray  # float64 [3], of pixel values 0-255
+    channel_squares: np.ndarray
+    pixels: int  # per channel
+
+    def mean_std(self) -> tuple[list[float], list[float]]:
+        """Per-channel mean and std of the pixels / 255."""
+        n = max(1, self.pixels)
+        mean = self.channel_sum / n
+        std = np.sqrt(np.maximum(self.channel_squares / n - mean**2, 0.0))
+        return [round(float(v) / 255, 6) for v in mean], [round(float(v) / 255, 6) for v in std]
+
+
+class Writer:
+    """Streams the three splits into a staging folder, in SPLITS order, shard by shard; `finish()` adds the
+    manifest and the test originals and swaps the folder in for `out_dir`. A failure (or leaving the `with`
+    block without `finish()`) removes the staging folder: the previous data/prepared/ is left as it was."""
+
+    def __init__(self, out_dir: Path = PREPARED_DIR, image_size: int = 32, shard_mb: float = SHARD_MB) -> None:
+        self.out_dir = Path(out_dir)
+        self.image_size = image_size
+        self.row_bytes = image_size * image_size * 3
+        self.shard_rows = max(1, int(shard_mb * 2**20) // self.row_bytes)
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.out_dir.parent.glob(f".{self.out_dir.name}-*"):  # left by a killed run
+            shutil.rmtree(stale, ignore_errors=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}-", dir=self.out_dir.parent))
+        self.staging.chmod(0o755)  # mkdtemp makes it private; the outputs are ordinary files
+        self._digest = hashlib.sha256()
+        self._stats: dict[str, SplitStats] = {}
+        self._split: str | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending_rows = 0
+        self._shards: list[ShardInfo] = []
+        self._labels: list[np.ndarray] = []
+        self._tracks: list[np.ndarray] = []
+        self._sum, self._squares = np.zeros(3), np.zeros(3)
+        self._done = False
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def begin(self, split: str) -> None:
+        expected = SPLITS[len(self._stats)] if len(self._stats) < len(SPLITS) else None
+        if self._split is not None or split != expected:
+            raise ValueError(f"splits are written one at a time in {SPLITS} order; got {split!r}")
+        self._split = split
+        (self.staging / split).mkdir()
+        self._shards, self._labels, self._tracks = [], [], []
+        self._sum, self._squares = np.zeros(3), np.zeros(3)
+
+    def add(self, images: np.ndarray, labels: np.ndarray, tracks: np.ndarray) -> None:
+        """Append rows to the current split; full shards are written at once (a shard's rows stay in memory
+        until then: data.shard_mb bounds it)."""
+        if self._split is None:
+            raise ValueError("begin(split) first")
+        s = self.image_size
+        if images.dtype != np.uint8 or images.shape[1:] != (s, s, 3) or not len(images) == len(labels) == len(tracks):
+            raise ValueError(f"rows must be uint8 [n, {s}, {s}, 3] with n labels and tracks, got {images.shape}")
+        self._pending.append((images, labels.astype(np.uint8), tracks.astype(np.int32)))
+        self._pending_rows += len(images)
+        while self._pending_rows >= self.shard_rows:
+            self._flush(self.shard_rows)
+
+    def _flush(self, rows: int) -> None:
+        images = np.concatenate([p[0] for p in self._pending]) if len(self._pending) > 1 else self._pending[0][0]
+        labels = np.concatenate([p[1] for p in self._pending])
+        tracks = np.concatenate([p[2] for p in self._pending])
+        rest = (images[rows:], labels[rows:], tracks[rows:])
+        images, labels, tracks = np.ascontiguousarray(images[:rows]), labels[:rows], tracks[:rows]
+        self._pending = [rest] if len(rest[0]) else []
+        self._pending_rows = len(rest[0])
+        name = f"{self._split}/images-{len(self._shards):05d}.npy"
+        np.save(self.staging / name, images, allow_pickle=False)
+        self._digest.update(images.data)
+        self._shards.append(ShardInfo(file=name, count=rows, sha256=hashlib.sha256(images.data).hexdigest()))
+        self._labels.append(labels)
+        self._tracks.append(tracks)
+        flat = images.reshape(-1, 3)
+        for start in range(0, len(flat), 1 << 20):  # float64 in slices: 24 bytes a pixel at once would not fit
+            part = flat[start : start + (1 << 20)].astype(np.float64)
+            self._sum += part.sum(axis=0)
+            self._squares += np.square(part).sum(axis=0)
+
+    def end(self, num_classes: int) -> SplitStats:
+        """Write the split's last shard, labels and tracks; its counts for the manifest."""
+        split = self._split
+        if split is None:
+            raise ValueError("begin(split) first")
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        labels = np.concatenate(self._labels) if self._labels else np.zeros(0, np.uint8)
+        tracks = np.concatenate(self._tracks) if self._tracks else np.zeros(0, np.int32)
+        np.save(self.staging / split / LABELS_FILE, labels, allow_pickle=False)
+        np.save(self.staging / split / TRACKS_FILE, tracks, allow_pickle=False)
+        self._digest.update(np.ascontiguousarray(labels).data)
+        info = SplitInfo(
+            file=split,
+            count=len(labels),
+            per_class=np.bincount(labels, minlength=num_classes).tolist(),
+            # groups only where the data has them (GTSRB tracks, a CSV's group); files alone count none
+            tracks=len(np.unique(tracks)) if split != "test" and (tracks >= 0).any() else None,
+            shards=self._shards,
+        )
+        pixels = len(labels) * self.image_size * self.image_size
+        self._stats[split] = SplitStats(info, labels, tracks, self._sum, self._squares, pixels)
+        self._split = None
+        return self._stats[split]
+
+    @property
+    def content_sha256(self) -> str:
+        if len(self._stats) != len(SPLITS):
+            raise ValueError("every split must be written first")
+        return self._digest.hexdigest()
+
+    def finish(self, manifest: PreparedManifest, test_originals: Sequence[Path] = ()) -> Path:
+        """Copy the test originals (byte for byte, named as in the manifest's `test_files`), write the manifest
+        (its splits and content hash are the ones written here) and swap the folder in."""
+        try:
+            manifest = manifest.model_copy(
+                update={
+                    "splits": {split: self._stats[split].info for split in SPLITS},
+                    "content_sha256": self.content_sha256,
+                }
+            )
+            if len(test_originals) != len(manifest.test_files) or (
+                test_originals and len(test_originals) != manifest.splits["test"].count
+            ):
+                raise ValueError("one original file per test image, named in the manifest's test_files")
+            if test_originals:
+                (self.staging / TEST_FILES).mkdir()
+            for source, name in zip(test_originals, manifest.test_files, strict=True):
+                shutil.copyfile(source, self.staging / name)
+            write_model(self.staging / MANIFEST_FILE, manifest)
+            _replace_dir(self.staging, self.out_dir)
+        except BaseException:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise
+        self._done = True
+        return self.out_dir
+
+
 def write(
     arrays: dict[str, SplitArrays],
     manifest: PreparedManifest,
     out_dir: Path = PREPARED_DIR,
     test_originals: list[Path] | None = None,
+    shard_mb: float = SHARD_MB,
 ) -> Path:
-    """Write the three splits, the test split's original files (copied byte for byte, named as in the manifest's
-    `test_files`) and the manifest into a staging folder, then swap it in for `out_dir`."""
-    originals = test_originals or []
-    if len(originals) != len(manifest.test_files) or (originals and len(originals) != len(arrays["test"])):
-        raise ValueError("one original file per test image, named in the manifest's test_files")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.parent.glob(f".{out_dir.name}-*"):  # left by a killed run (DVC runs one at a time)
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the outputs are ordinary files
-    try:
+    """Write in-memory splits (small data, tests) through the streaming Writer."""
+    with Writer(out_dir, manifest.image_size, shard_mb) as writer:
         for split in SPLITS:
-            a = arrays[split]
-            np.savez(staging / f"{split}.npz", images=a.images, labels=a.labels, tracks=a.tracks)
-        if originals:
-            (staging / TEST_FILES).mkdir()
-        for source, name in zip(originals, manifest.test_files, strict=True):
-            shutil.copyfile(source, staging / name)
-        write_model(staging / MANIFEST_FILE, manifest)
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out_dir
+            writer.begin(split)
+            writer.add(arrays[split].images, arrays[split].labels, arrays[split].tracks)
+            writer.end(manifest.num_classes)
+        return writer.finish(manifest, test_originals or [])
 
 
 def _replace_dir(new: Path, target: Path) -> None:
@@ -163,6 +323,145 @@ def read_manifest(prepared: Path = PREPARED_DIR) -> PreparedManifest:
     return read_model(Path(prepared) / MANIFEST_FILE, PreparedManifest, RERUN)
 
 
+def split_dir(split: str, prepared: Path = PREPARED_DIR) -> Path:
+    return Path(prepared) / split
+
+
+@dataclass(frozen=True)
+class _Shard:
+    path: Path
+    count: int
+    offset: int  # of the first row: the .npy header's length
+    sha256: str
+
+
+class SplitReader:
+    """One prepared split, read by row: labels and tracks in memory, pixels from the shards on demand
+    (`take`), so a reader holds only what it asked for. Opening checks the manifest, the labels and every
+    shard's header and length; `verify()` also checks the shards' SHA-256 (a file changed in place)."""
+
+    def __init__(self, split: str, prepared: Path = PREPARED_DIR, *, image_size: int | None = None) -> None:
+        self._fds: dict[int, int] = {}
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}")
+        self.split = split
+        self.folder = split_dir(split, prepared)
+        manifest = read_manifest(prepared)
+        info = manifest.splits.get(split)
+        if info is None or (not info.shards and info.count):
+            raise StageError(f"{Path(prepared) / MANIFEST_FILE} lists no shards of the {split} split: {RERUN}")
+        self.image_size = manifest.image_size
+        if image_size is not None and image_size != manifest.image_size:
+            raise StageError(
+                f"{self.folder}: images are {manifest.image_size} px, expected {image_size} px "
+                "(rerun `pipeline prepare` with the model's data.image_size)"
+            )
+        s = self.image_size
+        self.row_bytes = s * s * 3
+        self.labels = self._small(LABELS_FILE, np.uint8, info.count)
+        tracks_file = self.folder / TRACKS_FILE
+        self.tracks = (
+            self._small(TRACKS_FILE, np.int32, info.count)
+            if tracks_file.exists()
+            else np.full(info.count, -1, np.int32)
+        )
+        self._shards = [self._open_shard(Path(prepared) / shard.file, shard) for shard in info.shards]
+        counts = [shard.count for shard in self._shards]
+        if sum(counts) != info.count:
+            raise StageError(f"{self.folder}: shards hold {sum(counts)} images, the manifest {info.count}: {RERUN}")
+        self._starts = np.cumsum([0, *counts])
+
+    def _small(self, name: str, dtype: type, count: int) -> np.ndarray:
+        path = self.folder / name
+        if not path.is_file():
+            raise StageError(f"{path} not found: {RERUN}")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise StageError(f"{path} cannot be read ({type(exc).__name__}: {exc}); rerun `pipeline prepare`") from None
+        if array.dtype != dtype or array.shape != (count,):
+            raise StageError(
+                f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} [{count}]; rerun `pipeline prepare`"
+            )
+        return array
+
+    def _open_shard(self, path: Path, shard: ShardInfo) -> _Shard:
+        s = self.image_size
+        try:
+            with path.open("rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise StageError(f"shard {path} is missing: {RERUN}") from None
+        except (OSError, ValueError) as exc:
+            raise StageError(f"shard {path} cannot be read ({type(exc).__name__}: {exc}); {RERUN}") from None
+        if dtype != np.uint8 or fortran or shape != (shard.count, s, s, 3):
+            raise StageError(
+                f"shard {path}: images are {dtype} {list(shape)}, expected uint8 [{shard.count}, {s}, {s}, 3]; {RERUN}"
+            )
+        if size != offset + shard.count * self.row_bytes:
+            raise StageError(
+                f"shard {path} is {size} bytes, expected {offset + shard.count * self.row_bytes} (truncated?); {RERUN}"
+            )
+        return _Shard(path, shard.count, offset, shard.sha256)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def _fd(self, i: int) -> int:
+        fd = self._fds.get(i)
+        if fd is None:
+            fd = self._fds[i] = os.open(self._shards[i].path, os.O_RDONLY)
+        return fd
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """uint8 [len(indices), S, S, 3]: the rows at `indices` (any order, repeats allowed), one read each."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"rows {idx.min()}..{idx.max()} of a {len(self)}-image split")
+        s = self.image_size
+        out = np.empty((len(idx), s, s, 3), dtype=np.uint8)
+        flat = out.reshape(len(idx), self.row_bytes)
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        for row, (i, shard) in enumerate(zip(idx.tolist(), shard_of.tolist(), strict=True)):
+            info = self._shards[shard]
+            offset = info.offset + (i - int(self._starts[shard])) * self.row_bytes
+            if os.preadv(self._fd(shard), [flat[row]], offset) != self.row_bytes:
+                raise StageError(f"shard {info.path} ended early; {RERUN}")
+        return out
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows start..stop in order."""
+        return self.take(np.arange(start, len(self) if stop is None else min(stop, len(self))))
+
+    def verify(self) -> None:
+        """Hash every shard (reading it in 8 MiB blocks) against the manifest: one line naming a changed one."""
+        for shard in self._shards:
+            digest = hashlib.sha256()
+            with shard.path.open("rb") as f:
+                f.seek(shard.offset)
+                while block := f.read(8 << 20):
+                    digest.update(block)
+            if digest.hexdigest() != shard.sha256:
+                raise StageError(f"shard {shard.path} does not match the manifest's SHA-256 (corrupt?); {RERUN}")
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, object]:  # file descriptors do not travel to another process
+        return {**self.__dict__, "_fds": {}}
+
+
 def read_split(
     split: str,
     prepared: Path = PREPARED_DIR,
@@ -171,38 +470,18 @@ def read_split(
     limit: int | None = None,
     seed: int = 0,
 ) -> SplitArrays:
-    """One split's arrays, checked (uint8 [N, S, S, 3], N labels; S = `image_size` when given). With `limit`,
-    a seeded random subset of that many images (in their original order)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}")
-    path = Path(prepared) / f"{split}.npz"
-    if not path.is_file():
-        raise StageError(f"{path} not found: {RERUN}")
+    """One split's arrays in memory, checked (uint8 [N, S, S, 3], N labels; S = `image_size` when given). With
+    `limit`, a seeded random subset of that many images (in their original order), read alone. For the small
+    splits and subsets; the training loader streams the training split through SplitReader."""
+    reader = SplitReader(split, prepared, image_size=image_size)
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            images = np.ascontiguousarray(npz["images"])
-            labels = np.asarray(npz["labels"])
-            tracks = np.asarray(npz["tracks"]) if "tracks" in npz.files else np.full(len(labels), -1, np.int32)
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # truncated: BadZipFile
-        raise StageError(f"{path} cannot be read ({type(exc).__name__}: {exc}); rerun `pipeline prepare`") from None
-    side = f"{image_size}" if image_size else "S"
-    if (
-        images.dtype != np.uint8
-        or images.ndim != 4
-        or images.shape[3] != 3
-        or (image_size is not None and images.shape[1:3] != (image_size, image_size))
-    ):
-        raise StageError(
-            f"{path}: images are {images.dtype} {list(images.shape)}, expected uint8 [N, {side}, {side}, 3] "
-            "(rerun `pipeline prepare` with the model's data.image_size)"
-        )
-    if len(labels) != len(images):
-        raise StageError(f"{path}: {len(images)} images but {len(labels)} labels; rerun `pipeline prepare`")
-    arrays = SplitArrays(images, labels, tracks)
-    if limit is not None and limit < len(arrays):
-        pick = np.sort(np.random.default_rng(seed).choice(len(arrays), size=limit, replace=False))
-        arrays = SplitArrays(images[pick], labels[pick], tracks[pick])
-    return arrays
+        if limit is not None and limit < len(reader):
+            pick = np.sort(np.random.default_rng(seed).choice(len(reader), size=limit, replace=False))
+            return SplitArrays(reader.take(pick), reader.labels[pick], reader.tracks[pick])
+        reader.verify()
+        return SplitArrays(reader.read(), reader.labels, reader.tracks)
+    finally:
+        reader.close()
 
 
 @dataclass(frozen=True)
@@ -225,7 +504,7 @@ def read_test_files(prepared: Path = PREPARED_DIR) -> list[OriginalFile]:
     manifest = read_manifest(prepared)
     if not manifest.test_files:
         return []
-    labels = read_split("test", prepared).labels
+    labels = SplitReader("test", prepared).labels
     if len(labels) != len(manifest.test_files):
         raise StageError(
             f"{Path(prepared) / MANIFEST_FILE}: {len(manifest.test_files)} test files for {len(labels)} test images; rerun `pipeline prepare`"

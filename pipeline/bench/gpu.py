@@ -141,7 +141,7 @@ def training_rows(data: Path, device: torch.device, steps: int, batch: int) -> l
     from pipeline.data.loader import load_split, to_float
     from pipeline.training.distributed import Dist, amp_dtype
 
-    if (data / "train.npz").exists():
+    if (data / "manifest.json").exists():
         from pipeline.artifacts.prepared import read_manifest
 
         manifest = read_manifest(data)

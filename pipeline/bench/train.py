@@ -56,7 +56,7 @@ def synthetic(n: int = 4096, size: int = 32) -> tuple[Split, Data]:
 
 
 def get_data(path: Path) -> tuple[Split, Data, str]:
-    if (path / "train.npz").exists():
+    if (path / "manifest.json").exists():
         m = read_manifest(path)
         return load_split("train", path), Data(m.image_size, m.classes, m.mean, m.std), str(path)
     split, data = synthetic()

@@ -1,4 +1,5 @@
-"""The stateful, deterministic batch loader over the prepared uint8 arrays (no per-epoch decoding).
+"""The stateful, deterministic batch loader over the prepared uint8 shards (no per-epoch decoding; a batch is
+read from the shards by row, so memory does not grow with the data).
 
 Sampling: every epoch has one global permutation of the training split, a pure function of
 (seed, epoch). A step takes the next `global_batch_size` positions of that permutation; rank r of W
@@ -27,14 +28,40 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.artifacts.prepared import PREPARED_DIR, SplitArrays, read_split
+from pipeline.artifacts.prepared import PREPARED_DIR, SplitArrays, SplitReader
 from pipeline.config import AugmentParams
 from pipeline.errors import StageError
 
 
+class StreamedImages:
+    """A prepared split's pixels, read from its shards on demand: `images[idx]` is uint8 [b, 3, H, W] (a
+    channels-last view of the rows read), so a process holds its batches and never the whole split."""
+
+    def __init__(self, readers: list[SplitReader]) -> None:
+        self.readers = readers
+        self._starts = np.cumsum([0, *(len(r) for r in readers)])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, idx: torch.Tensor | np.ndarray | slice) -> torch.Tensor:
+        rows = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64).reshape(-1)
+        if len(self.readers) == 1:
+            pixels = self.readers[0].take(rows)
+        else:
+            size = self.readers[0].image_size
+            pixels = np.empty((len(rows), size, size, 3), dtype=np.uint8)
+            which = np.searchsorted(self._starts, rows, side="right") - 1
+            for r, reader in enumerate(self.readers):
+                mine = np.flatnonzero(which == r)
+                if len(mine):
+                    pixels[mine] = reader.take(rows[mine] - self._starts[r])
+        return torch.from_numpy(pixels).permute(0, 3, 1, 2)
+
+
 @dataclass(frozen=True)
 class Split:
-    images: torch.Tensor  # uint8 [N, 3, H, W] (channels-last memory: a view of the NHWC arrays)
+    images: torch.Tensor | StreamedImages  # uint8 [N, 3, H, W] (channels-last memory), in memory or streamed
     labels: torch.Tensor  # int64 [N]
 
     def __len__(self) -> int:
@@ -42,12 +69,17 @@ class Split:
 
     def joined(self, other: Split) -> Split:
         """This split's images followed by another's (the shipped model trains on validation too)."""
-        images = torch.cat([self.images, other.images]).contiguous(memory_format=torch.channels_last)
-        return Split(images, torch.cat([self.labels, other.labels]))
+        labels = torch.cat([self.labels, other.labels])
+        if isinstance(self.images, StreamedImages) and isinstance(other.images, StreamedImages):
+            return Split(StreamedImages(self.images.readers + other.images.readers), labels)
+        if isinstance(self.images, torch.Tensor) and isinstance(other.images, torch.Tensor):
+            images = torch.cat([self.images, other.images]).contiguous(memory_format=torch.channels_last)
+            return Split(images, labels)
+        raise TypeError("join two streamed splits or two in-memory ones")
 
     @classmethod
     def of(cls, arrays: SplitArrays) -> Split:
-        """A prepared split (artifacts.prepared) as tensors, without copying the pixels."""
+        """In-memory arrays (artifacts.prepared) as tensors, without copying the pixels."""
         return cls(
             images=torch.from_numpy(arrays.images).permute(0, 3, 1, 2),
             labels=torch.from_numpy(arrays.labels.astype(np.int64)),
@@ -55,8 +87,11 @@ class Split:
 
 
 def load_split(split: str, prepared: Path = PREPARED_DIR) -> Split:
-    """Read one prepared split once; images stay uint8 until a batch is taken."""
-    return Split.of(read_split(split, prepared))
+    """One prepared split, streamed from its shards (checked against the manifest's hashes once, here); images
+    stay uint8 on disk until a batch is taken."""
+    reader = SplitReader(split, prepared)
+    reader.verify()
+    return Split(StreamedImages([reader]), torch.from_numpy(reader.labels.astype(np.int64)))
 
 
 def training_images(train_on_val: bool, prepared: Path = PREPARED_DIR) -> Split:

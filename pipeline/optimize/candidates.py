@@ -53,7 +53,7 @@ def load_images(split: str, image_size: int, limit: int | None = None, seed: int
     """A prepared split as model input; with `limit`, a seeded random subset of that many images."""
     arrays = read_split(split, PREPARED_DIR, image_size=image_size, limit=limit, seed=seed)
     if len(arrays) == 0:
-        raise StageError(f"{PREPARED_DIR / (split + '.npz')} holds no images; rerun `pipeline prepare`")
+        raise StageError(f"{PREPARED_DIR / split} holds no images; rerun `pipeline prepare`")
     return Images(arrays.model_input(), arrays.labels.astype(np.int64))
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, benchmark_report
 from pipeline.artifacts import serving as serving_file
-from pipeline.artifacts.prepared import PREPARED_DIR, read_split
+from pipeline.artifacts.prepared import MANIFEST_FILE, PREPARED_DIR, read_split
 from pipeline.config import BenchmarkConfig, Params
 from pipeline.console import Steps, log
 from pipeline.errors import StageError
@@ -538,8 +538,8 @@ def run(params: Params) -> None:
 
     config = params.benchmark
     manifest = read_manifest(MODELS_DIR)
-    if not (PREPARED_DIR / "test.npz").is_file():
-        raise StageError(f"{PREPARED_DIR / 'test.npz'} is missing: run the prepare stage first")
+    if not (PREPARED_DIR / MANIFEST_FILE).is_file():
+        raise StageError(f"{PREPARED_DIR / MANIFEST_FILE} is missing: run the prepare stage first")
     machine = facts()
     setups, results = plan(manifest, machine, config)
     if not setups:

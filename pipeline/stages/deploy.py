@@ -40,7 +40,7 @@ def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if limit:
         images, labels = images[:limit], labels[:limit]
     if not len(images):
-        raise StageError(f"{PREPARED_DIR / 'test.npz'} holds no test images")
+        raise StageError(f"{PREPARED_DIR / 'test'} holds no test images")
     return images, labels
 
 

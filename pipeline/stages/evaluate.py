@@ -196,7 +196,7 @@ def run(params: Params) -> None:
     test = Split.of(arrays)
     classes = list(payload.get("classes") or manifest.classes)
     if len(test) and int(test.labels.max()) >= len(classes):
-        raise StageError(f"{PREPARED_DIR / 'test.npz'} has labels beyond the model's {len(classes)} classes")
+        raise StageError(f"{PREPARED_DIR / 'test'} has labels beyond the model's {len(classes)} classes")
     tags = {"evaluate": cfg.model_dump(), "model": payload["arch"], "variant": shipped.variant}
     with stage_run("evaluate", params, tags) as mlrun:
         mlrun.set_tags({"torch": torch.__version__, "variant": shipped.variant, "model_version": shipped.version})

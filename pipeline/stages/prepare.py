@@ -1,10 +1,10 @@
-"""The prepare stage: GTSRB images -> compact uint8 arrays for train / val / test plus a manifest.
+"""The prepare stage: GTSRB images (or yours) -> uint8 image shards for train / val / test plus a manifest.
 
     data.root (or $GTSRB_ROOT) --torchvision GTSRB + official CSVs--> split train/val by track, stratified by class
         --> the served framing (data.crop: auto = derived from the training split's sign boxes)
         --> train, val: each file as the server frames it (data.framing: served), or the sign's box + margin (roi)
         --> test: the sign's box + margin (the ROI protocol), and its original files kept for the served figure
-        --> data/prepared/{train,val,test}.npz, data/prepared/manifest.json (artifacts.prepared)
+        --> data/prepared/{train,val,test}/ shards, streamed, data/prepared/manifest.json (artifacts.prepared)
         --> reports/prepare/metrics.json, reports/prepare/class_distribution.csv
 
 Unreadable images are counted and listed, never fatal unless more than data.max_bad_fraction are bad.
@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,6 @@ from pipeline.artifacts.prepared import (
     SPLITS,
     BadImages,
     PreparedManifest,
-    SplitArrays,
-    SplitInfo,
-    content_sha256,
 )
 from pipeline.config import GTSRB_ROOT_ENV, DataConfig, Params
 from pipeline.console import log, progress
@@ -151,47 +149,60 @@ def _load_one(file: SignFile, framing: Framing, use_box: bool) -> np.ndarray | s
         return str(exc)
 
 
-def load_arrays(
-    files: Sequence[SignFile], framing: Framing, use_box: bool, description: str
-) -> tuple[SplitArrays, list[tuple[str, str]], list[Path]]:
+def decoded(files: Sequence[SignFile], framing: Framing, use_box: bool) -> Iterator[np.ndarray | str]:
+    """Each file's array (or why it is unreadable), in order. PIL releases the GIL while decoding and resizing,
+    so threads keep every core busy; at most a few images per thread are in flight, so memory does not grow
+    with the data."""
+    workers = max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque[Future[np.ndarray | str]] = deque()
+        for file in files:
+            pending.append(pool.submit(_load_one, file, framing, use_box))
+            if len(pending) >= 8 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def write_split(
+    writer: prepared.Writer,
+    split: str,
+    files: Sequence[SignFile],
+    framing: Framing,
+    use_box: bool,
+    num_classes: int,
+) -> tuple[prepared.SplitStats, list[tuple[str, str]], list[Path]]:
     """Decode, frame and resize every file (by its box + margin when `use_box` and it has one, else as the
-    server frames a file); returns the arrays, (file name, reason) of the bad ones and the paths of the good
-    ones (in the arrays' order)."""
+    server frames a file) into the writer's shards, one shard's rows in memory at a time; returns the split's
+    stats, (file name, reason) of the bad files and the paths of the good ones (in the shards' order)."""
     size = framing.size
-    images = np.empty((len(files), size, size, 3), dtype=np.uint8)
-    keep = np.zeros(len(files), dtype=bool)
+    block = np.empty((min(writer.shard_rows, max(1, len(files))), size, size, 3), dtype=np.uint8)
+    labels, tracks = np.empty(len(block), np.uint8), np.empty(len(block), np.int32)
+    filled = 0
     bad: list[tuple[str, str]] = []
-    # PIL releases the GIL while decoding and resizing, so threads use both cores.
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        results = pool.map(lambda f: _load_one(f, framing, use_box), files)
-        for i, result in enumerate(progress(results, len(files), description)):
-            if isinstance(result, str):
-                bad.append((f"{files[i].path.parent.name}/{files[i].path.name}", result))
-            else:
-                images[i] = result
-                keep[i] = True
-    labels = np.array([f.label for f in files], dtype=np.uint8)
-    tracks = np.array([f.label * 100_000 + f.track if f.track >= 0 else -1 for f in files], dtype=np.int32)
-    kept = [f.path for f, ok in zip(files, keep, strict=True) if ok]
-    return SplitArrays(images[keep], labels[keep], tracks[keep]), bad, kept
-
-
-def channel_stats(images: np.ndarray, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and std of uint8 [N, H, W, 3] images / 255, summed in chunks of images: one float64 copy
-    of every pixel at once needs 24 bytes a pixel (32 GiB for 40,000 images at 224 px)."""
-    total = np.zeros(3, dtype=np.float64)
-    squares = np.zeros(3, dtype=np.float64)
-    for start in range(0, len(images), chunk):
-        part = images[start : start + chunk].reshape(-1, 3).astype(np.float64)
-        total += part.sum(axis=0)
-        squares += np.square(part).sum(axis=0)
-    n = max(1, images.shape[0] * images.shape[1] * images.shape[2])
-    mean = total / n
-    return mean / 255.0, np.sqrt(np.maximum(squares / n - mean**2, 0.0)) / 255.0
+    kept: list[Path] = []
+    writer.begin(split)
+    for file, result in zip(
+        files, progress(decoded(files, framing, use_box), len(files), f"prepare {split}"), strict=True
+    ):
+        if isinstance(result, str):
+            bad.append((f"{file.path.parent.name}/{file.path.name}", result))
+            continue
+        block[filled] = result
+        labels[filled] = file.label
+        tracks[filled] = file.label * 100_000 + file.track if file.track >= 0 else -1
+        kept.append(file.path)
+        filled += 1
+        if filled == len(block):
+            writer.add(block, labels, tracks)
+            filled = 0
+    if filled:
+        writer.add(block[:filled], labels[:filled], tracks[:filled])
+    return writer.end(num_classes), bad, kept
 
 
 def build_manifest(
-    arrays: dict[str, SplitArrays],
+    stats: dict[str, prepared.SplitStats],
     bad: list[tuple[str, str]],
     total: int,
     config: DataConfig,
@@ -199,32 +210,21 @@ def build_manifest(
     test_originals: Sequence[Path] = (),
     classes: Sequence[str] = gtsrb.CLASS_NAMES,
     dataset: str = "GTSRB",
+    content_sha256: str = "",
 ) -> PreparedManifest:
-    mean, std = channel_stats(arrays["train"].images)
-    k = len(classes)
+    mean, std = stats["train"].mean_std()
     return PreparedManifest(
         dataset=dataset,
-        layout="images: uint8 [N, H, W, 3] RGB; labels: uint8 [N]",
+        layout="images: uint8 [N, H, W, 3] RGB in .npy shards; labels: uint8 [N]",
         image_size=config.image_size,
         roi_margin=config.roi_margin,
-        num_classes=k,
+        num_classes=len(classes),
         classes=list(classes),
-        mean=[round(float(v), 6) for v in mean],
-        std=[round(float(v), 6) for v in std],
-        splits={
-            split: SplitInfo(
-                file=f"{split}.npz",
-                count=len(arrays[split].labels),
-                per_class=np.bincount(arrays[split].labels, minlength=k).tolist(),
-                # groups only where the data has them (GTSRB tracks, a CSV's group); files alone count none
-                tracks=len(np.unique(arrays[split].tracks))
-                if split != "test" and (arrays[split].tracks >= 0).any()
-                else None,
-            )
-            for split in SPLITS
-        },
+        mean=mean,
+        std=std,
+        splits={split: stats[split].info for split in SPLITS},
         bad_images=BadImages(count=len(bad), of=total, files=[name for name, _ in bad]),
-        content_sha256=content_sha256(arrays),
+        content_sha256=content_sha256,
         test_files=test_file_names(test_originals),
         framing=config.framing,
         crop=crop,
@@ -299,34 +299,42 @@ def run(params: Params) -> None:
         framing = Framing(config.image_size, config.roi_margin, crop, config.resize)
         log(f"prepare: served framing: whole image less {crop} (left, top, right, bottom); train/val: {config.framing}")
 
-        arrays: dict[str, SplitArrays] = {}
+        stats: dict[str, prepared.SplitStats] = {}
         bad: list[tuple[str, str]] = []
         kept: dict[str, list[Path]] = {}
         roi_train = config.framing == "roi"
-        for split, files, use_box in (("train", fit, roi_train), ("val", val, roi_train), ("test", test_files, True)):
-            arrays[split], split_bad, kept[split] = load_arrays(files, framing, use_box, f"prepare {split}")
-            bad += split_bad
-
         total = len(fit) + len(val) + len(test_files)
-        for name, why in bad[:20]:
-            log(f"prepare: skipped {name}: {why}")
-        if len(bad) > config.max_bad_fraction * total:
-            raise StageError(
-                f"{len(bad)} of {total} images are unreadable ({len(bad) / total:.1%}), more than "
-                f"data.max_bad_fraction={config.max_bad_fraction:.1%}; first: {bad[0][0]}: {bad[0][1]}. "
-                "Previous outputs were left as they were."
-            )
-        for split in SPLITS:
-            if len(arrays[split].labels) == 0:
-                raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
-            missing = sorted(set(range(len(listing.classes))) - set(arrays[split].labels.tolist()))
-            if missing:  # its only files there were unreadable or duplicates: said, not fatal
-                names = ", ".join(listing.classes[c] for c in missing[:10])
-                log(f"prepare: the {split} split has no readable image of {len(missing)} class(es): {names}")
+        k = len(listing.classes)
+        with prepared.Writer(PREPARED_DIR, config.image_size, config.shard_mb) as writer:
+            for split, files, use_box in (
+                ("train", fit, roi_train),
+                ("val", val, roi_train),
+                ("test", test_files, True),
+            ):
+                stats[split], split_bad, kept[split] = write_split(writer, split, files, framing, use_box, k)
+                bad += split_bad
+                if len(bad) > config.max_bad_fraction * total:
+                    raise StageError(
+                        f"{len(bad)} of {total} images are unreadable ({len(bad) / total:.1%}), more than "
+                        f"data.max_bad_fraction={config.max_bad_fraction:.1%}; first: {bad[0][0]}: {bad[0][1]}. "
+                        "Previous outputs were left as they were."
+                    )
+            for name, why in bad[:20]:
+                log(f"prepare: skipped {name}: {why}")
+            for split in SPLITS:
+                if stats[split].info.count == 0:
+                    raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
+                missing = sorted(set(range(k)) - set(np.flatnonzero(stats[split].info.per_class).tolist()))
+                if missing:  # its only files there were unreadable or duplicates: said, not fatal
+                    names = ", ".join(listing.classes[c] for c in missing[:10])
+                    log(f"prepare: the {split} split has no readable image of {len(missing)} class(es): {names}")
 
-        # The test split's original files go along: evaluate measures what the server is sent (whole images).
-        manifest = build_manifest(arrays, bad, total, config, crop, kept["test"], listing.classes, listing.dataset)
-        prepared.write(arrays, manifest, PREPARED_DIR, kept["test"])
+            # The test split's original files go along: evaluate measures what the server is sent (whole images).
+            manifest = build_manifest(
+                stats, bad, total, config, crop, kept["test"], listing.classes, listing.dataset, writer.content_sha256
+            )
+            writer.finish(manifest, kept["test"])
+        manifest = prepared.read_manifest(PREPARED_DIR)
         metrics = write_reports(manifest, bad, REPORT_DIR, listing.ignored + dropped)
         tracker.log_metrics(metrics)
         tracker.log_artifact(PREPARED_DIR / prepared.MANIFEST_FILE)

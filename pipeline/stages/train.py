@@ -33,7 +33,7 @@ from torch import nn
 from pipeline import backbones, console, nets
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
-from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
+from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, SplitReader, read_manifest
 from pipeline.backbones import WeightsInfo
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
@@ -440,10 +440,11 @@ def _find_resume(params: Params, manifest: PreparedManifest, main: bool) -> ckpt
 
 
 def _check_inputs() -> PreparedManifest:
+    """The prepared manifest, after checking that the training and validation shards are all there, whole (one
+    line naming a missing or truncated one before any process starts)."""
     manifest = read_manifest(PREPARED_DIR)
     for split in ("train", "val"):
-        if not (PREPARED_DIR / f"{split}.npz").exists():
-            raise StageError(f"{PREPARED_DIR / f'{split}.npz'} not found: run `pipeline prepare` first")
+        SplitReader(split, PREPARED_DIR).close()
     return manifest
 
 

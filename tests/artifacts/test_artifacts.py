@@ -35,20 +35,63 @@ def test_prepared_round_trip_and_checks(tmp_path: Path) -> None:
         len(subset) == 10
         and subset.labels.tolist() == prepared.read_split("train", folder, limit=10, seed=1).labels.tolist()
     )
-    with pytest.raises(StageError, match=r"expected uint8 \[N, 24, 24, 3\]"):
+    with pytest.raises(StageError, match=r"test: images are 16 px, expected 24 px"):
         prepared.read_split("test", folder, image_size=24)
     assert not list(tmp_path.glob("data/.prepared-*")), "the staging folder was swapped in, not left behind"
 
 
-def test_prepared_missing_truncated_and_foreign(tmp_path: Path) -> None:
+def _arrays(rng: np.random.Generator, n: int, size: int = 8) -> prepared.SplitArrays:
+    images = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+    return prepared.SplitArrays(images, (np.arange(n) % 5).astype(np.uint8), np.arange(n, dtype=np.int32))
+
+
+def test_shards_stream_and_read_by_row(tmp_path: Path) -> None:
+    """Rows go into shards of shard_mb each; the reader returns any rows in any order, across shard borders,
+    equal to what was written; the content hash is the in-memory one (independent of the shard size)."""
+    rng = np.random.default_rng(0)
+    arrays = {"train": _arrays(rng, 1000), "val": _arrays(rng, 30), "test": _arrays(rng, 20)}
+    manifest = write_prepared(tmp_path, sizes=(86, 43, 43), image_size=8)  # a valid manifest to start from
+    template = prepared.read_manifest(manifest).model_copy(update={"num_classes": 5, "classes": list("abcde")})
+    folder = prepared.write(arrays, template, tmp_path / "sharded", shard_mb=64 * 192 / 2**20)  # 64 rows a shard
+    written = prepared.read_manifest(folder)
+    shards = written.splits["train"].shards
+    assert [s.count for s in shards] == [64] * 15 + [40] and shards[3].file == "train/images-00003.npy"
+    assert written.content_sha256 == prepared.content_sha256(arrays)
+    assert written.splits["train"].per_class == np.bincount(arrays["train"].labels, minlength=5).tolist()
+    reader = prepared.SplitReader("train", folder)
+    rows = np.array([999, 0, 63, 64, 65, 500, 0, 959, 960])
+    assert np.array_equal(reader.take(rows), arrays["train"].images[rows])
+    assert np.array_equal(reader.read(60, 70), arrays["train"].images[60:70]) and reader.take([]).shape == (0, 8, 8, 3)
+    assert np.array_equal(reader.labels, arrays["train"].labels) and np.array_equal(
+        reader.tracks, arrays["train"].tracks
+    )
+    with pytest.raises(IndexError):
+        reader.take([1000])
+    reader.verify()
+    assert np.array_equal(prepared.read_split("val", folder).images, arrays["val"].images)
+
+
+def test_prepared_missing_truncated_corrupt_and_foreign(tmp_path: Path) -> None:
     with pytest.raises(StageError, match=r"manifest.json not found: run `pipeline prepare` first"):
         prepared.read_manifest(tmp_path)
-    with pytest.raises(StageError, match=r"test.npz not found: run `pipeline prepare` first"):
-        prepared.read_split("test", tmp_path)
     folder = write_prepared(tmp_path, sizes=(86, 43, 43))
-    data = (folder / "test.npz").read_bytes()
-    (folder / "test.npz").write_bytes(data[: len(data) // 2])
-    with pytest.raises(StageError, match=r"test.npz cannot be read .*rerun `pipeline prepare`"):
+    shard = folder / "test" / "images-00000.npy"
+    data = shard.read_bytes()
+    shard.unlink()
+    with pytest.raises(StageError, match=r"^shard \S+test/images-00000.npy is missing: run `pipeline prepare`"):
+        prepared.read_split("test", folder)
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StageError, match=r"^shard \S+images-00000.npy is \d+ bytes, expected \d+ \(truncated\?\)"):
+        prepared.read_split("test", folder)
+    flipped = bytearray(data)
+    flipped[-1] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    with pytest.raises(StageError, match=r"^shard \S+images-00000.npy does not match the manifest's SHA-256"):
+        prepared.read_split("test", folder)
+    shard.write_bytes(data)
+    assert len(prepared.read_split("test", folder)) == 43
+    (folder / "test" / "labels.npy").unlink()
+    with pytest.raises(StageError, match=r"test/labels.npy not found: run `pipeline prepare` first"):
         prepared.read_split("test", folder)
     (folder / "manifest.json").write_text(json.dumps({"image_size": 32}))
     with pytest.raises(StageError, match=r"manifest.json: invalid PreparedManifest"):
@@ -60,9 +103,15 @@ def test_prepared_missing_truncated_and_foreign(tmp_path: Path) -> None:
 
 def test_prepared_arrays_never_unpickle(tmp_path: Path) -> None:
     folder = write_prepared(tmp_path, sizes=(86, 43, 43))
-    np.savez(folder / "val.npz", images=np.array([object()], dtype=object), labels=np.zeros(1, np.uint8))
-    with pytest.raises(StageError, match=r"val.npz cannot be read"):
+    labels = folder / "val" / "labels.npy"
+    kept = labels.read_bytes()
+    np.save(labels, np.array([object()] * 43, dtype=object), allow_pickle=True)
+    with pytest.raises(StageError, match=r"val/labels.npy cannot be read"):
         prepared.read_split("val", folder)
+    labels.write_bytes(kept)
+    np.save(folder / "val" / "images-00000.npy", np.array([object()] * 43, dtype=object), allow_pickle=True)
+    with pytest.raises(StageError, match=r"val/images-00000.npy: images are object \[43\], expected uint8"):
+        prepared.SplitReader("val", folder)
 
 
 class _Payload:

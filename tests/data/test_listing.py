@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipeline.artifacts.prepared import read_split
 from pipeline.data.listing import class_order, list_csv, list_folder
 from pipeline.errors import StageError
 from pipeline.stages import prepare
@@ -136,8 +137,8 @@ def test_prepare_on_a_folder_of_mixed_images(tmp_path: Path, workdir: Path) -> N
     names = manifest["test_files"]
     assert len(names) == manifest["splits"]["test"]["count"] and len(set(names)) == len(names)
     assert all((Path("data/prepared") / n).is_file() for n in names)
-    with np.load("data/prepared/train.npz") as npz:
-        images, labels = npz["images"], npz["labels"]
+    train = read_split("train", Path("data/prepared"))
+    images, labels = train.images, train.labels
     fish = images[labels == 2].reshape(-1, 3).mean(axis=0)
     assert fish[2] > 60  # the 16-bit and 1-bit fish are not washed out to white: blue still dominates on average
     assert "cat" in Path("reports/prepare/class_distribution.csv").read_text()

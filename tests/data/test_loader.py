@@ -138,9 +138,14 @@ def test_training_images_are_the_training_split_then_validation_when_asked(tmp_p
     prepared = write_prepared(tmp_path)
     train, val = load_split("train", prepared), load_split("val", prepared)
     held_out = training_images(False, prepared)
-    assert torch.equal(held_out.images, train.images) and torch.equal(held_out.labels, train.labels)
+    assert torch.equal(held_out.images[:], train.images[:]) and torch.equal(held_out.labels, train.labels)
     both = training_images(True, prepared)
     assert len(both) == len(train) + len(val) == 256 + 86
-    assert torch.equal(both.images[: len(train)], train.images) and torch.equal(both.images[len(train) :], val.images)
+    assert torch.equal(both.images[: len(train)], train.images[:])
+    assert torch.equal(both.images[len(train) :], val.images[:])
+    rows = torch.tensor([len(train) + 3, 5, len(train), 0])  # one batch across the two splits' shards
+    assert torch.equal(
+        both.images[rows], torch.cat([val.images[[3]], train.images[[5]], val.images[[0]], train.images[[0]]])
+    )
     assert torch.equal(both.labels, torch.cat([train.labels, val.labels]))
-    assert both.images.is_contiguous(memory_format=torch.channels_last)  # the layout the loader hands on
+    assert both.images[rows].is_contiguous(memory_format=torch.channels_last)  # the layout the loader hands on

@@ -3,13 +3,14 @@ manifest and checks as the real stage, with pixels a tiny network learns in seco
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from pipeline.artifacts import prepared
-from pipeline.artifacts.prepared import SPLITS, BadImages, PreparedManifest, SplitArrays, SplitInfo
+from pipeline.artifacts.prepared import SPLITS, BadImages, PreparedManifest, SplitArrays
 
 CLASSES = [f"class {i}" for i in range(43)]
 
@@ -64,17 +65,9 @@ def write_prepared(
         classes=CLASSES,
         mean=list(mean),
         std=list(std),
-        splits={
-            s: SplitInfo(
-                file=f"{s}.npz",
-                count=len(arrays[s]),
-                per_class=np.bincount(arrays[s].labels, minlength=43).tolist(),
-                tracks=None,
-            )
-            for s in SPLITS
-        },
+        splits={},  # the writer lists each split's shards and counts
         bad_images=BadImages(count=0, of=sum(sizes), files=[]),
-        content_sha256=prepared.content_sha256(arrays),
+        content_sha256="",  # and the hash of what it wrote
     )
     files: list[Path] = []
     if originals:
@@ -88,3 +81,17 @@ def write_prepared(
             framed.save(files[-1])
         manifest = manifest.model_copy(update={"test_files": [f"{prepared.TEST_FILES}/{p.name}" for p in files]})
     return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR, files)
+
+
+def replace_split(folder: Path, split: str, images: np.ndarray, labels: np.ndarray) -> Path:
+    """data/prepared/ with one split's rows replaced (the others, the manifest's fields and the test originals
+    kept), written through the same writer."""
+    arrays = {s: prepared.read_split(s, folder) for s in SPLITS}
+    arrays[split] = SplitArrays(images, labels, np.full(len(labels), -1, dtype=np.int32))
+    manifest = prepared.read_manifest(folder)
+    originals = [folder / name for name in manifest.test_files]
+    if originals:  # the writer swaps the folder: the originals move to a scratch copy first
+        scratch = folder.parent / "originals-kept"
+        scratch.mkdir(exist_ok=True)
+        originals = [Path(shutil.copy(path, scratch / path.name)) for path in originals]
+    return prepared.write(arrays, manifest, folder, originals)

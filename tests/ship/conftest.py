@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.artifacts.prepared import read_split
 from pipeline.config import ConfigError, Params, parse_params
 from tests.helpers import REPO
 
@@ -125,8 +126,8 @@ class Image:
         return str(self.report["id"])
 
     def test_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        with np.load(self.project / "data" / "prepared" / "test.npz") as npz:
-            return npz["images"], npz["labels"].astype(np.int64)
+        test = read_split("test", self.project / "data" / "prepared")
+        return test.images, test.labels.astype(np.int64)
 
 
 def build_image(tmp_path_factory: pytest.TempPathFactory) -> Image:

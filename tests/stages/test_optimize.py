@@ -12,6 +12,7 @@ from torch import nn
 
 from pipeline import nets
 from pipeline.artifacts import model as model_file
+from pipeline.artifacts.prepared import read_split
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
@@ -209,8 +210,8 @@ def test_calibration_data_of_the_wrong_shape_names_the_file(workdir: Path) -> No
 
     prepared = write_prepared(workdir)
     write_model(workdir, steps=0)
-    np.savez(prepared / "train.npz", images=np.zeros((10, 16, 16), np.uint8), labels=np.zeros(10, np.uint8))
-    with pytest.raises(StageError, match=r"data/prepared/train.npz: images are uint8 \[10, 16, 16\]"):
+    np.save(prepared / "train" / "images-00000.npy", np.zeros((10, 16, 16), np.uint8))
+    with pytest.raises(StageError, match=r"data/prepared/train/images-00000.npy: images are uint8 \[10, 16, 16\]"):
         run(_params())
 
 
@@ -322,12 +323,11 @@ def test_registered_versions_are_mlflow_models_that_classify_image_files(
     monkeypatch.chdir(optimized)
     uri = f"sqlite:///{optimized / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    with np.load(optimized / "data" / "prepared" / "test.npz") as arrays:
-        pngs = []
-        for image in arrays["images"][:24]:
-            out = io.BytesIO()
-            Image.fromarray(image).save(out, format="PNG")
-            pngs.append(out.getvalue())
+    pngs = []
+    for image in read_split("test", optimized / "data" / "prepared").images[:24]:
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, format="PNG")
+        pngs.append(out.getvalue())
     client = MlflowClient(tracking_uri=uri)
     versions = client.search_model_versions("name = 'gtsrb-classifier'")
     assert versions
@@ -354,8 +354,7 @@ def test_shipped_variants_run_and_agree(optimized: Path) -> None:
     from pipeline.runtimes import open_runtime, read_manifest
 
     models = optimized / "models"
-    with np.load(optimized / "data" / "prepared" / "test.npz") as arrays:
-        x = arrays["images"][:16].transpose(0, 3, 1, 2).astype(np.float32) / 255
+    x = read_split("test", optimized / "data" / "prepared").images[:16].transpose(0, 3, 1, 2).astype(np.float32) / 255
     reference = open_runtime(models, "fp32").predict(x).argmax(1)
     for v in read_manifest(models).accepted():
         runtime = open_runtime(models, v.name, backend=v.runtimes[-1])
@@ -426,8 +425,7 @@ def test_distillation_pulls_the_pruned_model_towards_the_teacher(workdir: Path) 
 
     write_prepared(workdir, size=16)
     teacher, _ = model_file.read(write_model(workdir, steps=60))
-    with np.load(workdir / "data" / "prepared" / "test.npz") as arrays:
-        x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
+    x = torch.from_numpy(read_split("test", workdir / "data" / "prepared").images).permute(0, 3, 1, 2).float() / 255
 
     def gap(student: nn.Module) -> float:
         with torch.no_grad():
@@ -594,8 +592,7 @@ def test_a_distilled_student_learns_the_teachers_outputs(workdir: Path) -> None:
 
     write_prepared(workdir, size=16)
     teacher, payload = model_file.read(write_model(workdir, steps=60))
-    with np.load(workdir / "data" / "prepared" / "test.npz") as arrays:
-        x = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).float() / 255
+    x = torch.from_numpy(read_split("test", workdir / "data" / "prepared").images).permute(0, 3, 1, 2).float() / 255
     torch.manual_seed(0)
     student = nets.build_from_arch({**payload["arch"], "width": 4}, payload["mean"], payload["std"])
     assert nets.count_macs(student, 16) < nets.count_macs(teacher, 16)

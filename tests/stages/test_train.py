@@ -23,7 +23,7 @@ from pipeline.stages import train
 from pipeline.training import checkpoint as ckpt
 from tests.helpers import REPO
 from tests.helpers.params import train_params, write_params_yaml
-from tests.helpers.prepared import write_prepared
+from tests.helpers.prepared import replace_split, write_prepared
 
 
 @pytest.fixture
@@ -278,7 +278,7 @@ def test_logit_adjustment_lets_a_rare_class_win_back_its_share(project: Path) ->
     rng = np.random.default_rng(0)
     labels = np.array([0] * 200 + [1] * 40, dtype=np.uint8)
     images = np.clip(rng.normal(128, 30, size=(240, 16, 16, 3)), 0, 255).astype(np.uint8)
-    np.savez(project / "data/prepared/train.npz", images=images, labels=labels)
+    replace_split(project / "data/prepared", "train", images, labels)
     probe = torch.from_numpy(np.clip(rng.normal(128, 30, size=(64, 16, 16, 3)), 0, 255).astype(np.float32) / 255)
 
     def rare_share(tau: float) -> float:
