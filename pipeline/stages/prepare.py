@@ -17,9 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +32,10 @@ from pipeline.artifacts.prepared import (
 from pipeline.config import GTSRB_ROOT_ENV, DataConfig, Params
 from pipeline.console import log, progress
 from pipeline.data import gtsrb
+from pipeline.data.decode import decoded
 from pipeline.data.listing import Listing, SignFile, list_csv, list_folder
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, BadImage, Crop, Framing, open_image
+from pipeline.preprocess import NO_CROP, Crop, Framing
 from pipeline.tracking import stage_run
 
 REPORT_DIR = REPORTS_DIR / "prepare"
@@ -139,29 +138,6 @@ def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
     )
     left, top, right, bottom = (round(max(0.0, float(side.mean())), 4) for side in sides)
     return (left, top, right, bottom)
-
-
-def _load_one(file: SignFile, framing: Framing, use_box: bool) -> np.ndarray | str:
-    """The image as an array, or the reason it could not be read."""
-    try:
-        return framing.array(open_image(str(file.path)), file.box if use_box else None)
-    except BadImage as exc:
-        return str(exc)
-
-
-def decoded(files: Sequence[SignFile], framing: Framing, use_box: bool) -> Iterator[np.ndarray | str]:
-    """Each file's array (or why it is unreadable), in order. PIL releases the GIL while decoding and resizing,
-    so threads keep every core busy; at most a few images per thread are in flight, so memory does not grow
-    with the data."""
-    workers = max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: deque[Future[np.ndarray | str]] = deque()
-        for file in files:
-            pending.append(pool.submit(_load_one, file, framing, use_box))
-            if len(pending) >= 8 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 def write_split(

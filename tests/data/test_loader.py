@@ -92,6 +92,43 @@ def test_resume_with_another_world_size_neither_revisits_nor_skips(world_before:
     assert seen == expected
 
 
+@pytest.mark.parametrize(("world_before", "world_after"), [(1, 2), (2, 1)])
+def test_streamed_shards_resume_at_a_random_step_on_another_process_count(
+    tmp_path: Path, world_before: int, world_after: int
+) -> None:
+    """The training split streamed from several shards: stopped at a random step of an epoch and resumed on
+    another number of processes, every sample of the epoch is seen once, as in an uninterrupted run, with the
+    pixels the in-memory arrays give."""
+    import random
+
+    from pipeline.artifacts.prepared import read_split
+    from tests.helpers.prepared import write_prepared
+
+    folder = write_prepared(tmp_path, sizes=(300, 43, 43), image_size=8, shard_mb=64 * 192 / 2**20)  # 64 a shard
+    streamed = load_split("train", folder)
+    assert len(streamed.images.readers[0]._shards) == 5  # type: ignore[union-attr]
+    in_memory = Split.of(read_split("train", folder))
+    reference = [(b.indices.tolist(), b.images) for b in TrainLoader(in_memory, 16, seed=5)]
+    stop = random.Random(f"{world_before}{world_after}").randrange(1, len(reference) - 1)
+
+    before = [TrainLoader(streamed, 16, seed=5, rank=r, world_size=world_before) for r in range(world_before)]
+    seen: list[list[int]] = []
+    for step_batches in zip(*(indices(loader, steps=stop) for loader in before), strict=True):
+        seen.append(sorted(chain.from_iterable(step_batches)))
+    state = before[0].state_dict()  # what a checkpoint keeps; the processes are gone (kill -9)
+    after = [TrainLoader(streamed, 16, seed=5, rank=r, world_size=world_after) for r in range(world_after)]
+    for loader in after:
+        loader.load_state_dict(state)
+    for step, step_batches in enumerate(zip(*after, strict=True), start=stop):
+        seen.append(sorted(chain.from_iterable(b.indices.tolist() for b in step_batches)))
+        whole_indices, whole_images = reference[step]
+        for part in step_batches:
+            for row, index in enumerate(part.indices.tolist()):
+                assert torch.equal(part.images[row], whole_images[whole_indices.index(index)])
+    assert seen == [sorted(step) for step, _ in reference]
+    assert len(set(chain.from_iterable(seen))) == 300 // 16 * 16  # each sample once (the last partial batch dropped)
+
+
 def test_loader_refuses_a_state_from_other_data() -> None:
     loader = TrainLoader(make_split(100), 10, seed=0)
     state = loader.state_dict()

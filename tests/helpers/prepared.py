@@ -47,6 +47,7 @@ def write_prepared(
     mean: tuple[float, float, float] = (0.45, 0.4, 0.35),
     std: tuple[float, float, float] = (0.25, 0.25, 0.25),
     originals: bool = False,
+    shard_mb: float = prepared.SHARD_MB,
 ) -> Path:
     """data/prepared/ under `root` with `sizes` train/val/test images of all 43 classes; with `originals`, the
     test split's "original files" too: PNGs at twice the size with a dark frame, as a camera would send them."""
@@ -80,7 +81,7 @@ def write_prepared(
             files.append(source / f"{i:05d}.png")
             framed.save(files[-1])
         manifest = manifest.model_copy(update={"test_files": [f"{prepared.TEST_FILES}/{p.name}" for p in files]})
-    return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR, files)
+    return prepared.write(arrays, manifest, root / prepared.PREPARED_DIR, files, shard_mb)
 
 
 def replace_split(folder: Path, split: str, images: np.ndarray, labels: np.ndarray) -> Path:
