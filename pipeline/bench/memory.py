@@ -50,26 +50,23 @@ def measure(command: list[str], seconds: float = 0.0, interval: float = 0.5) -> 
     start = time.perf_counter()
     proc = subprocess.Popen(command)
     samples: list[tuple[float, int]] = []
-    stopped = False
-    status, usage = 0, None
+    stopped_at: float | None = None
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # the only reaper: its rusage is the command's own
         if pid:
             break
         now = time.perf_counter() - start
         samples.append((round(now, 1), tree_rss(proc.pid)))
-        if seconds and now > seconds and not stopped:
-            stopped = True
-            os.kill(proc.pid, signal.SIGTERM)
-            deadline = time.perf_counter() + 30
-            while proc.poll() is None and time.perf_counter() < deadline:
-                time.sleep(0.2)
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
+        if seconds and now > seconds and stopped_at is None:
+            stopped_at = now
+            proc.send_signal(signal.SIGTERM)
+        elif stopped_at is not None and now > stopped_at + 30:
+            proc.kill()
         time.sleep(interval)
+    stopped = stopped_at is not None
     wall = time.perf_counter() - start
-    own = usage.ru_maxrss * 1024 if usage else 0  # kilobytes on Linux
-    cpu = (usage.ru_utime + usage.ru_stime) if usage else 0.0
+    own = usage.ru_maxrss * 1024  # kilobytes on Linux
+    cpu = usage.ru_utime + usage.ru_stime
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest descendant the command waited for
     rss = sorted(r for _, r in samples) or [0]
     return {

@@ -139,3 +139,22 @@ def test_the_test_splits_original_files_go_along_byte_for_byte(synthetic_gtsrb: 
     assert "00003.ppm" not in [f.path.name for f in files]
     for f in files:
         assert f.read_bytes() == (test_dir / f.path.name).read_bytes()
+
+
+def test_shard_size_changes_how_it_is_stored_not_what_is_read(synthetic_gtsrb: Path, workdir: Path) -> None:
+    """One 1 MB shard holds 85 images at 64 px: the training split becomes several shards, each image written
+    while decoding (no split in memory), and every byte read back, the content hash and the mean/std equal what
+    one shard per split gives."""
+    prepare.run(make_params(synthetic_gtsrb, image_size=64, shard_mb=64))
+    one = json.loads(Path("data/prepared/manifest.json").read_text())
+    single = {split: _load(split) for split in ("train", "val", "test")}
+    prepare.run(make_params(synthetic_gtsrb, image_size=64, shard_mb=1))
+    many = json.loads(Path("data/prepared/manifest.json").read_text())
+    assert [s["count"] for s in one["splits"]["train"]["shards"]] == [one["splits"]["train"]["count"]]
+    counts = [s["count"] for s in many["splits"]["train"]["shards"]]
+    assert len(counts) > 1 and set(counts[:-1]) == {85} and sum(counts) == many["splits"]["train"]["count"]
+    assert sorted(p.name for p in Path("data/prepared/train").iterdir())[:2] == ["images-00000.npy", "images-00001.npy"]
+    assert many["content_sha256"] == one["content_sha256"] and (many["mean"], many["std"]) == (one["mean"], one["std"])
+    for split, arrays in single.items():
+        again = _load(split)
+        assert all(np.array_equal(arrays[key], again[key]) for key in arrays), split
