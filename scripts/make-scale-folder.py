@@ -22,7 +22,7 @@ from PIL import Image, ImageEnhance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.data.gtsrb import list_split  # noqa: E402
+from pipeline.data.gtsrb import list_split
 
 
 def _make(job: tuple[int, str, int, tuple[int, int, int, int] | None, int, str, int]) -> int:
