@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pipeline.config import Params, TrackingConfig
+from pipeline.errors import StageError
 
 
 def tracking_uri(config: TrackingConfig) -> str:
@@ -177,14 +178,22 @@ def stage_run(
         yield StageRun(None)
         return
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     uri = tracking_uri(config)
-    mlflow.set_tracking_uri(uri)
-    experiment = mlflow.set_experiment(config.experiment)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    if experiment.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
-        client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
-    parent_id = _parent_run(client, experiment.experiment_id, params)
+    try:
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(config.experiment)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        if experiment.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+            client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+        parent_id = _parent_run(client, experiment.experiment_id, params)
+    except MlflowException as exc:  # a store MLflow refuses (a file: store, a server that answers an error)
+        reason = str(exc).strip().splitlines()[0][:300]
+        raise StageError(
+            f"MLflow tracking at {uri} cannot be used: {reason} (set MLFLOW_TRACKING_URI to sqlite:///mlflow.db or a "
+            "tracking server, or tracking.enabled: false)"
+        ) from None
     started = time.perf_counter()
     with mlflow.start_run(run_name=stage, tags={"mlflow.parentRunId": parent_id}, log_system_metrics=system_metrics):
         run = StageRun(mlflow, client, parent_id)

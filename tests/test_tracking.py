@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
+
+import pytest
+import yaml
 
 from pipeline.tracking import quiet_mlflow_logging
 
@@ -27,3 +31,25 @@ def test_mlflows_advice_is_hidden_while_logging_and_other_warnings_are_not() -> 
         after = [str(w.message) for w in shown]
     assert "ours" in hidden and not any("type hints" in m for m in hidden)
     assert any("type hints" in m for m in after)
+
+
+def test_a_store_mlflow_refuses_is_one_line_through_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synthetic_gtsrb: Path
+) -> None:
+    """MLFLOW_TRACKING_URI=file:… (MLflow 3 refuses the file store): the stage says so in one line and what to set,
+    with no traceback, before it writes anything."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from tests.helpers.params import make_params
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    params = make_params(synthetic_gtsrb, tracking=True)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["prepare"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "MLflow tracking at file:" in result.output and "cannot be used" in result.output
+    assert "MLFLOW_TRACKING_URI" in result.output
+    assert not (tmp_path / "data" / "prepared").exists()

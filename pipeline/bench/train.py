@@ -157,7 +157,9 @@ def multi_process(args: argparse.Namespace, world: int, strategy: str) -> dict[s
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("data/prepared"))
-    ap.add_argument("--model", default="signnet", help="model.name: signnet, trafficsignnet, torchvision/<arch>, timm/<arch>")
+    ap.add_argument(
+        "--model", default="signnet", help="model.name: signnet, trafficsignnet, torchvision/<arch>, timm/<arch>"
+    )
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--members", type=int, default=1, help="committee size (params.yaml's default is 2)")
     ap.add_argument("--batch", type=int, default=128)
