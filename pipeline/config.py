@@ -153,6 +153,10 @@ class TrainConfig(Section):
     freeze_backbone_epochs: int = Field(0, ge=0)
     """torchvision/timm networks: the backbone's learning rate is 0 for this many first epochs (the fresh head
     settles before the pretrained features move)."""
+    data_from: Literal["workspace", "dvc-remote"] = "workspace"
+    """Where training reads data/prepared: `workspace` (this folder, as `dvc repro` leaves it), or `dvc-remote`:
+    the version this repository's dvc.lock records, read straight from the DVC remote by ranged reads (no
+    `dvc pull`, no shared disk: torchrun on several machines, each with a clone and the remote's credentials)."""
 
 
 class AugmentParams(Section):

@@ -22,13 +22,14 @@ the server image and `pipeline monitor` read it without torch.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -341,136 +342,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def read_manifest(prepared: Path = PREPARED_DIR) -> PreparedManifest:
-    return read_model(Path(prepared) / MANIFEST_FILE, PreparedManifest, RERUN)
+class LocalFiles:
+    """data/prepared/ on this machine's disk: rows read with `pread` into the caller's buffer."""
 
+    def __init__(self, root: Path = PREPARED_DIR) -> None:
+        self.root = Path(root)
+        self._fds: dict[str, int] = {}
 
-def split_dir(split: str, prepared: Path = PREPARED_DIR) -> Path:
-    return Path(prepared) / split
+    def where(self, name: str) -> str:
+        return str(self.root / name)
 
+    def read_bytes(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
 
-@dataclass(frozen=True)
-class _Shard:
-    path: Path
-    count: int
-    offset: int  # of the first row: the .npy header's length
-    sha256: str
+    def size(self, name: str) -> int:
+        return (self.root / name).stat().st_size
 
-
-class SplitReader:
-    """One prepared split, read by row: labels and tracks in memory, pixels from the shards on demand
-    (`take`), so a reader holds only what it asked for. Opening checks the manifest, the labels and every
-    shard's header and length; `verify()` also checks the shards' SHA-256 (a file changed in place)."""
-
-    def __init__(self, split: str, prepared: Path = PREPARED_DIR, *, image_size: int | None = None) -> None:
-        self._fds: dict[int, int] = {}
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}")
-        self.split = split
-        self.folder = split_dir(split, prepared)
-        manifest = read_manifest(prepared)
-        info = manifest.splits.get(split)
-        if info is None or (not info.shards and info.count):
-            raise StageError(f"{Path(prepared) / MANIFEST_FILE} lists no shards of the {split} split: {RERUN}")
-        self.image_size = manifest.image_size
-        if image_size is not None and image_size != manifest.image_size:
-            raise StageError(
-                f"{self.folder}: images are {manifest.image_size} px, expected {image_size} px "
-                "(rerun `pipeline prepare` with the model's data.image_size)"
-            )
-        s = self.image_size
-        self.row_bytes = s * s * 3
-        self.labels = self._small(LABELS_FILE, np.uint8, info.count)
-        tracks_file = self.folder / TRACKS_FILE
-        self.tracks = (
-            self._small(TRACKS_FILE, np.int32, info.count)
-            if tracks_file.exists()
-            else np.full(info.count, -1, np.int32)
-        )
-        self._shards = [self._open_shard(Path(prepared) / shard.file, shard) for shard in info.shards]
-        counts = [shard.count for shard in self._shards]
-        if sum(counts) != info.count:
-            raise StageError(f"{self.folder}: shards hold {sum(counts)} images, the manifest {info.count}: {RERUN}")
-        self._starts = np.cumsum([0, *counts])
-
-    def _small(self, name: str, dtype: type, count: int) -> np.ndarray:
-        path = self.folder / name
-        if not path.is_file():
-            raise StageError(f"{path} not found: {RERUN}")
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise StageError(f"{path} cannot be read ({type(exc).__name__}: {exc}); rerun `pipeline prepare`") from None
-        if array.dtype != dtype or array.shape != (count,):
-            raise StageError(
-                f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} [{count}]; rerun `pipeline prepare`"
-            )
-        return array
-
-    def _open_shard(self, path: Path, shard: ShardInfo) -> _Shard:
-        s = self.image_size
-        try:
-            with path.open("rb") as f:
-                version = np.lib.format.read_magic(f)
-                read_header = (
-                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                )
-                shape, fortran, dtype = read_header(f)
-                offset = f.tell()
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise StageError(f"shard {path} is missing: {RERUN}") from None
-        except (OSError, ValueError) as exc:
-            raise StageError(f"shard {path} cannot be read ({type(exc).__name__}: {exc}); {RERUN}") from None
-        if dtype != np.uint8 or fortran or shape != (shard.count, s, s, 3):
-            raise StageError(
-                f"shard {path}: images are {dtype} {list(shape)}, expected uint8 [{shard.count}, {s}, {s}, 3]; {RERUN}"
-            )
-        if size != offset + shard.count * self.row_bytes:
-            raise StageError(
-                f"shard {path} is {size} bytes, expected {offset + shard.count * self.row_bytes} (truncated?); {RERUN}"
-            )
-        return _Shard(path, shard.count, offset, shard.sha256)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def _fd(self, i: int) -> int:
-        fd = self._fds.get(i)
+    def read_into(self, name: str, offset: int, buffer: np.ndarray) -> int:
+        fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[i] = os.open(self._shards[i].path, os.O_RDONLY)
-        return fd
-
-    def take(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """uint8 [len(indices), S, S, 3]: the rows at `indices` (any order, repeats allowed), one read each."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"rows {idx.min()}..{idx.max()} of a {len(self)}-image split")
-        s = self.image_size
-        out = np.empty((len(idx), s, s, 3), dtype=np.uint8)
-        flat = out.reshape(len(idx), self.row_bytes)
-        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        for row, (i, shard) in enumerate(zip(idx.tolist(), shard_of.tolist(), strict=True)):
-            info = self._shards[shard]
-            offset = info.offset + (i - int(self._starts[shard])) * self.row_bytes
-            if os.preadv(self._fd(shard), [flat[row]], offset) != self.row_bytes:
-                raise StageError(f"shard {info.path} ended early; {RERUN}")
-        return out
-
-    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows start..stop in order."""
-        return self.take(np.arange(start, len(self) if stop is None else min(stop, len(self))))
-
-    def verify(self) -> None:
-        """Hash every shard (reading it in 8 MiB blocks) against the manifest: one line naming a changed one."""
-        for shard in self._shards:
-            digest = hashlib.sha256()
-            with shard.path.open("rb") as f:
-                f.seek(shard.offset)
-                while block := f.read(8 << 20):
-                    digest.update(block)
-            if digest.hexdigest() != shard.sha256:
-                raise StageError(f"shard {shard.path} does not match the manifest's SHA-256 (corrupt?); {RERUN}")
+            fd = self._fds[name] = os.open(self.root / name, os.O_RDONLY)
+        return os.preadv(fd, [buffer.data], offset)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -484,9 +376,204 @@ class SplitReader:
         return {**self.__dict__, "_fds": {}}
 
 
+class DvcRemoteFiles:
+    """data/prepared/ as a DVC repository's dvc.lock records it, read through DVC's own filesystem (dvc.api):
+    from the local cache when it has the files, else straight from the DVC remote (S3, GCS, Azure, SSH, ...) by
+    ranged reads, with no `dvc pull` and no shared disk: how processes on several machines read one data set."""
+
+    def __init__(self, repo: str = ".", rev: str | None = None, path: str = str(PREPARED_DIR)) -> None:
+        from dvc.api import DVCFileSystem
+
+        self.repo, self.rev, self.path = repo, rev, path.rstrip("/")
+        self.fs = DVCFileSystem(repo, rev=rev)
+        self._files: dict[str, Any] = {}
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name} (DVC remote of {self.repo}{'@' + self.rev if self.rev else ''})"
+
+    def read_bytes(self, name: str) -> bytes:
+        data: bytes = self.fs.cat_file(f"{self.path}/{name}")
+        return data
+
+    def _open(self, name: str) -> Any:
+        f = self._files.get(name)
+        if f is None:
+            f = self._files[name] = self.fs.open(f"{self.path}/{name}", "rb")
+        return f
+
+    def size(self, name: str) -> int:
+        return int(self._open(name).size)  # the remote's object size (a directory's listing may not record it)
+
+    def read_into(self, name: str, offset: int, buffer: np.ndarray) -> int:
+        f = self._open(name)
+        f.seek(offset)
+        data = f.read(buffer.nbytes)
+        buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        return len(data)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_files": {}}
+
+
+Files = LocalFiles | DvcRemoteFiles
+
+
+def files_of(prepared: Path | Files) -> Files:
+    return prepared if isinstance(prepared, LocalFiles | DvcRemoteFiles) else LocalFiles(Path(prepared))
+
+
+def read_manifest(prepared: Path | Files = PREPARED_DIR) -> PreparedManifest:
+    if isinstance(prepared, DvcRemoteFiles):
+        try:
+            return PreparedManifest.model_validate_json(prepared.read_bytes(MANIFEST_FILE))
+        except Exception as exc:  # any fsspec backend's error, or a foreign file
+            raise StageError(f"{prepared.where(MANIFEST_FILE)} cannot be read ({type(exc).__name__}: {exc})") from None
+    root = prepared.root if isinstance(prepared, LocalFiles) else Path(prepared)
+    return read_model(root / MANIFEST_FILE, PreparedManifest, RERUN)
+
+
+def split_dir(split: str, prepared: Path = PREPARED_DIR) -> Path:
+    return Path(prepared) / split
+
+
+@dataclass(frozen=True)
+class _Shard:
+    name: str
+    count: int
+    offset: int  # of the first row: the .npy header's length
+    sha256: str
+
+
+class SplitReader:
+    """One prepared split, read by row: labels and tracks in memory, pixels from the shards on demand
+    (`take`), so a reader holds only what it asked for. Opening checks the manifest, the labels and every
+    shard's header and length; `verify()` also checks the shards' SHA-256 (a file changed in place). The files
+    are on this disk (a path) or read straight from the DVC remote (DvcRemoteFiles)."""
+
+    def __init__(self, split: str, prepared: Path | Files = PREPARED_DIR, *, image_size: int | None = None) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}")
+        self.files = files_of(prepared)
+        self.split = split
+        self.folder = self.files.where(split)
+        manifest = read_manifest(self.files)
+        info = manifest.splits.get(split)
+        if info is None or (not info.shards and info.count):
+            raise StageError(f"{self.files.where(MANIFEST_FILE)} lists no shards of the {split} split: {RERUN}")
+        self.image_size = manifest.image_size
+        if image_size is not None and image_size != manifest.image_size:
+            raise StageError(
+                f"{self.folder}: images are {manifest.image_size} px, expected {image_size} px "
+                "(rerun `pipeline prepare` with the model's data.image_size)"
+            )
+        s = self.image_size
+        self.row_bytes = s * s * 3
+        self.labels = self._small(f"{split}/{LABELS_FILE}", np.uint8, info.count)
+        self.tracks = self._small(f"{split}/{TRACKS_FILE}", np.int32, info.count, missing_ok=True)
+        self._shards = [self._open_shard(shard) for shard in info.shards]
+        counts = [shard.count for shard in self._shards]
+        if sum(counts) != info.count:
+            raise StageError(f"{self.folder}: shards hold {sum(counts)} images, the manifest {info.count}: {RERUN}")
+        self._starts = np.cumsum([0, *counts])
+
+    def _small(self, name: str, dtype: type, count: int, missing_ok: bool = False) -> np.ndarray:
+        where = self.files.where(name)
+        try:
+            array = np.load(io.BytesIO(self.files.read_bytes(name)), allow_pickle=False)
+        except FileNotFoundError:
+            if missing_ok:
+                return np.full(count, -1, dtype)
+            raise StageError(f"{where} not found: {RERUN}") from None
+        except (OSError, ValueError, EOFError) as exc:
+            raise StageError(
+                f"{where} cannot be read ({type(exc).__name__}: {exc}); rerun `pipeline prepare`"
+            ) from None
+        if array.dtype != dtype or array.shape != (count,):
+            raise StageError(
+                f"{where}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} [{count}]; rerun `pipeline prepare`"
+            )
+        return array
+
+    def _open_shard(self, shard: ShardInfo) -> _Shard:
+        s = self.image_size
+        where = self.files.where(shard.file)
+        try:
+            head = np.zeros(4096, dtype=np.uint8)
+            got = self.files.read_into(shard.file, 0, head)
+            f = io.BytesIO(head[:got].tobytes())
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(f)
+            offset = f.tell()
+            size = self.files.size(shard.file)
+        except FileNotFoundError:
+            raise StageError(f"shard {where} is missing: {RERUN}") from None
+        except (OSError, ValueError) as exc:
+            raise StageError(f"shard {where} cannot be read ({type(exc).__name__}: {exc}); {RERUN}") from None
+        if dtype != np.uint8 or fortran or shape != (shard.count, s, s, 3):
+            raise StageError(
+                f"shard {where}: images are {dtype} {list(shape)}, expected uint8 [{shard.count}, {s}, {s}, 3]; {RERUN}"
+            )
+        if size != offset + shard.count * self.row_bytes:
+            raise StageError(
+                f"shard {where} is {size} bytes, expected {offset + shard.count * self.row_bytes} (truncated?); {RERUN}"
+            )
+        return _Shard(shard.file, shard.count, offset, shard.sha256)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """uint8 [len(indices), S, S, 3]: the rows at `indices` (any order, repeats allowed), one read each."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"rows {idx.min()}..{idx.max()} of a {len(self)}-image split")
+        s = self.image_size
+        out = np.empty((len(idx), s, s, 3), dtype=np.uint8)
+        flat = out.reshape(len(idx), self.row_bytes)
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        for row, (i, shard) in enumerate(zip(idx.tolist(), shard_of.tolist(), strict=True)):
+            info = self._shards[shard]
+            offset = info.offset + (i - int(self._starts[shard])) * self.row_bytes
+            if self.files.read_into(info.name, offset, flat[row]) != self.row_bytes:
+                raise StageError(f"shard {self.files.where(info.name)} ended early; {RERUN}")
+        return out
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows start..stop in order."""
+        return self.take(np.arange(start, len(self) if stop is None else min(stop, len(self))))
+
+    def verify(self) -> None:
+        """Hash every shard (reading it in 8 MiB blocks) against the manifest: one line naming a changed one."""
+        for shard in self._shards:
+            digest = hashlib.sha256()
+            block = np.empty(8 << 20, dtype=np.uint8)
+            offset, end = shard.offset, shard.offset + shard.count * self.row_bytes
+            while offset < end:
+                got = self.files.read_into(shard.name, offset, block[: min(len(block), end - offset)])
+                if got <= 0:
+                    break
+                digest.update(block[:got].data)
+                offset += got
+            if digest.hexdigest() != shard.sha256:
+                raise StageError(
+                    f"shard {self.files.where(shard.name)} does not match the manifest's SHA-256 (corrupt?); {RERUN}"
+                )
+
+    def close(self) -> None:
+        self.files.close()
+
+
 def read_split(
     split: str,
-    prepared: Path = PREPARED_DIR,
+    prepared: Path | Files = PREPARED_DIR,
     *,
     image_size: int | None = None,
     limit: int | None = None,

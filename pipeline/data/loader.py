@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.artifacts.prepared import PREPARED_DIR, SplitArrays, SplitReader
+from pipeline.artifacts.prepared import PREPARED_DIR, Files, SplitArrays, SplitReader
 from pipeline.config import AugmentParams
 from pipeline.errors import StageError
 
@@ -86,7 +86,7 @@ class Split:
         )
 
 
-def load_split(split: str, prepared: Path = PREPARED_DIR) -> Split:
+def load_split(split: str, prepared: Path | Files = PREPARED_DIR) -> Split:
     """One prepared split, streamed from its shards (checked against the manifest's hashes once, here); images
     stay uint8 on disk until a batch is taken."""
     reader = SplitReader(split, prepared)
@@ -94,7 +94,7 @@ def load_split(split: str, prepared: Path = PREPARED_DIR) -> Split:
     return Split(StreamedImages([reader]), torch.from_numpy(reader.labels.astype(np.int64)))
 
 
-def training_images(train_on_val: bool, prepared: Path = PREPARED_DIR) -> Split:
+def training_images(train_on_val: bool, prepared: Path | Files = PREPARED_DIR) -> Split:
     """What every model that ships learns from: the training split, followed by the validation split's images
     when `train.train_on_val` (the train stage, and optimize's fine-tune and student, so that the gate compares
     models that saw the same images)."""

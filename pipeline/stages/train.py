@@ -33,7 +33,14 @@ from torch import nn
 from pipeline import backbones, console, nets
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
-from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, SplitReader, read_manifest
+from pipeline.artifacts.prepared import (
+    PREPARED_DIR,
+    DvcRemoteFiles,
+    Files,
+    PreparedManifest,
+    SplitReader,
+    read_manifest,
+)
 from pipeline.backbones import WeightsInfo
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
@@ -178,10 +185,11 @@ def worker(
     d = distributed.place(rank, world, t.device, t.threads)
     amp = distributed.amp_dtype(t.amp, d.device)
 
-    manifest = read_manifest(PREPARED_DIR)
-    train_split = training_images(t.train_on_val)
+    prepared = prepared_files(t.data_from)
+    manifest = read_manifest(prepared)
+    train_split = training_images(t.train_on_val, prepared)
     # With train_on_val the shipped model learns from every labelled image: nothing is held out to score.
-    val_split = None if t.train_on_val else load_split("val")
+    val_split = None if t.train_on_val else load_split("val", prepared)
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
     torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
@@ -439,12 +447,23 @@ def _find_resume(params: Params, manifest: PreparedManifest, main: bool) -> ckpt
     return resume
 
 
-def _check_inputs() -> PreparedManifest:
+def prepared_files(data_from: str) -> Path | Files:
+    """data/prepared here, or as dvc.lock records it on the DVC remote (`train.data_from`)."""
+    if data_from == "dvc-remote":
+        try:
+            return DvcRemoteFiles(".")
+        except Exception as exc:  # not a DVC repository, no remote configured: DVC's own message, in one line
+            raise StageError(f"train.data_from: dvc-remote: {type(exc).__name__}: {exc}") from None
+    return PREPARED_DIR
+
+
+def _check_inputs(params: Params) -> PreparedManifest:
     """The prepared manifest, after checking that the training and validation shards are all there, whole (one
     line naming a missing or truncated one before any process starts)."""
-    manifest = read_manifest(PREPARED_DIR)
+    prepared = prepared_files(params.train.data_from)
+    manifest = read_manifest(prepared)
     for split in ("train", "val"):
-        SplitReader(split, PREPARED_DIR).close()
+        SplitReader(split, prepared).close()
     return manifest
 
 
@@ -473,7 +492,7 @@ def run(params: Params) -> None:
     if under_torchrun is not None:
         _run_torchrun(params, *under_torchrun)
         return
-    manifest = _check_inputs()
+    manifest = _check_inputs(params)
     weights, state = initial_weights(params)  # a bad name or weights file: one line, before any process starts
     if state is not None:
         build_model(params, manifest, weights, state)  # tensors that do not fit: the same, before any step
@@ -531,7 +550,7 @@ def _finish(mlrun: Any, summary: dict[str, Any], wall: float) -> None:
 
 def _run_torchrun(params: Params, rank: int, world: int) -> None:
     """Under torchrun: every process calls run(); rank 0 owns the MLflow run and the reports."""
-    manifest = _check_inputs()
+    manifest = _check_inputs(params)
     distributed.init_torchrun_group(rank, world, distributed.choose_device(params.train.device))
     try:
         _check_same_run_everywhere(run_checkpoints(params, manifest), rank, world)

@@ -1,0 +1,126 @@
+"""Prepared shards read straight from a DVC remote on a real S3 server (SeaweedFS): a clone with no `dvc pull`
+reads the rows it asks for by ranged reads, and trains the same weights as a run on the local folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from pipeline.artifacts import prepared
+from pipeline.errors import StageError
+from pipeline.ports import free_port
+from tests.helpers.params import train_params
+from tests.helpers.prepared import write_prepared
+from tests.helpers.project import GIT_IDENTITY, run
+
+pytestmark = pytest.mark.slow
+
+DVC = [sys.executable, "-m", "dvc"]
+KEYS = {"AWS_ACCESS_KEY_ID": "shards-test", "AWS_SECRET_ACCESS_KEY": "shards-test-secret-0123456789"}
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """`weed mini`'s S3 gateway on free loopback ports, with a `dvc` bucket; its endpoint URL."""
+    from pipeline.team_stack import Ports
+
+    weed = shutil.which("weed") or str(Path(sys.executable).with_name("weed"))
+    if not Path(weed).exists():
+        pytest.skip("SeaweedFS (weed) is not installed: make env")
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"shards-s3-{os.getpid()}"
+    (root / "s3").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [weed, "mini", f"-dir={root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.port={port}",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false", "-bucket=dvc"]  # fmt: skip
+    cmd += [f"-{key}={value}" for key, value in Ports.free().weed.items()]
+    with (root / "s3.log").open("w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **KEYS}, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(endpoint, timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, (root / "s3.log").read_text()[-2000:]
+                time.sleep(0.5)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pushed(s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A DVC project whose data/prepared (6 training shards) is pushed to the S3 remote, and a clone of it with
+    nothing pulled."""
+    for key, value in KEYS.items():
+        monkeypatch.setenv(key, value)
+    env = {**os.environ, **GIT_IDENTITY}
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run(["git", "init", "-q"], repo, env)
+    run([*DVC, "init", "-q"], repo, env)
+    write_prepared(repo, shard_mb=48 * 768 / 2**20)  # 48 images of 16 px a shard
+    run([*DVC, "add", "-q", "data/prepared"], repo, env)
+    for args in (["add", "-d", "team", f"s3://dvc/{tmp_path.name}"], ["modify", "team", "endpointurl", s3]):
+        run([*DVC, "remote", *args], repo, env)
+    run(["git", "add", "-A"], repo, env)
+    run(["git", "commit", "-qm", "prepared data on the team remote"], repo, env)
+    run([*DVC, "push", "-q"], repo, env)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path, env)
+    return repo, clone
+
+
+def test_a_clone_reads_rows_straight_from_the_remote(pushed: tuple[Path, Path]) -> None:
+    repo, clone = pushed
+    local = repo / "data" / "prepared"
+    files = prepared.DvcRemoteFiles(str(clone))
+    reader = prepared.SplitReader("train", files)
+    assert len(reader._shards) == 6 and np.array_equal(reader.labels, prepared.SplitReader("train", local).labels)
+    rows = np.random.default_rng(0).permutation(len(reader))[:40]
+    assert np.array_equal(reader.take(rows), prepared.SplitReader("train", local).take(rows))
+    reader.verify()
+    assert np.array_equal(prepared.read_split("test", files).images, prepared.read_split("test", local).images)
+    assert not (clone / "data" / "prepared").exists(), "nothing was pulled into the clone"
+    cache = clone / ".dvc" / "cache"
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*")), "nor into its cache"
+
+
+def test_training_from_the_remote_learns_what_the_local_folder_teaches(
+    pushed: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.artifacts import model as model_file
+    from pipeline.stages import train
+
+    repo, clone = pushed
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(repo)
+    train.run(train_params(epochs=1, checkpoint_every=0))
+    local = torch.load(model_file.MODEL_PATH, map_location="cpu", weights_only=True)["state_dict"]
+    monkeypatch.chdir(clone)
+    train.run(train_params(epochs=1, checkpoint_every=0, data_from="dvc-remote"))
+    remote = torch.load(model_file.MODEL_PATH, map_location="cpu", weights_only=True)["state_dict"]
+    assert local.keys() == remote.keys() and all(torch.equal(local[k], remote[k]) for k in local)
+    assert not (clone / "data" / "prepared").exists()
+
+
+def test_nothing_to_read_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.stages import train
+
+    monkeypatch.chdir(tmp_path)  # no DVC project here: nothing to read, said in one line before any process starts
+    with pytest.raises(StageError, match=r"^data/prepared/manifest.json \(DVC remote of \.\) cannot be read"):
+        train.run(train_params(data_from="dvc-remote"))
