@@ -2,7 +2,7 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory` and `pipeline image-context` pass their options to those tools.
+`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -271,6 +271,12 @@ def bench_serve(ctx: typer.Context) -> None:
 def bench_memory(ctx: typer.Context) -> None:
     """Peak RSS, wall time and CPU use of a command (pipeline/bench/memory.py)."""
     _tool("pipeline.bench.memory", ctx)
+
+
+@bench.command("scale-folder", context_settings=PASS_THROUGH)
+def bench_scale_folder(ctx: typer.Context) -> None:
+    """A large folder of photo-sized JPEGs made from GTSRB (pipeline/bench/scale_folder.py)."""
+    _tool("pipeline.bench.scale_folder", ctx)
 
 
 @bench.command("drift", context_settings=PASS_THROUGH)

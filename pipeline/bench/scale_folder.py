@@ -1,6 +1,6 @@
 """Make a large folder data set of photo-sized JPEGs from GTSRB, to measure prepare and training at scale.
 
-    uv run python scripts/make-scale-folder.py --gtsrb "$GTSRB_ROOT" --out /data/scale --images 100000 --size 224
+    uv run pipeline bench scale-folder --gtsrb "$GTSRB_ROOT" --out /data/scale --images 100000 --size 224
 
 Writes OUT/<class>/<n>.jpg (`data.source: folder`): every image is a GTSRB training image, cropped around its
 sign with a random margin, rotated a little, colour-jittered, resized to SIZE x SIZE (bicubic) and saved as
@@ -20,16 +20,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from pipeline.data.gtsrb import list_split
 
 
 def _make(job: tuple[int, str, int, tuple[int, int, int, int] | None, int, str, int]) -> int:
     n, source, label, box, size, out, seed = job
     rng = np.random.default_rng(seed + n)
-    with Image.open(source) as image:
-        image = image.convert("RGB")
+    with Image.open(source) as opened:
+        image: Image.Image = opened.convert("RGB")
         w, h = image.size
         x1, y1, x2, y2 = box or (0, 0, w - 1, h - 1)
         margin = rng.uniform(0.05, 0.3)
@@ -49,14 +47,14 @@ def _make(job: tuple[int, str, int, tuple[int, int, int, int] | None, int, str, 
     return n
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gtsrb", type=Path, required=True, help="GTSRB in torchvision's layout ($GTSRB_ROOT)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--images", type=int, default=100_000)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     files = list_split(args.gtsrb, "train")
     if not files:
@@ -74,7 +72,9 @@ def main() -> None:
             if done % 10_000 == 0:
                 print(f"{done:,} images, {time.perf_counter() - start:.0f} s", flush=True)
     size = sum(p.stat().st_size for p in args.out.rglob("*.jpg"))
-    print(f"{args.images:,} JPEGs at {args.size} px from {len(files):,} GTSRB images: {size / 2**30:.2f} GiB in {args.out}")
+    print(
+        f"{args.images:,} JPEGs at {args.size} px from {len(files):,} GTSRB images: {size / 2**30:.2f} GiB in {args.out}"
+    )
 
 
 if __name__ == "__main__":
