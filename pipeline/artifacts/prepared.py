@@ -437,10 +437,6 @@ def read_manifest(prepared: Path | Files = PREPARED_DIR) -> PreparedManifest:
     return read_model(root / MANIFEST_FILE, PreparedManifest, RERUN)
 
 
-def split_dir(split: str, prepared: Path = PREPARED_DIR) -> Path:
-    return Path(prepared) / split
-
-
 @dataclass(frozen=True)
 class _Shard:
     name: str
