@@ -275,7 +275,7 @@ def bench_memory(ctx: typer.Context) -> None:
 
 @bench.command("scale-folder", context_settings=PASS_THROUGH)
 def bench_scale_folder(ctx: typer.Context) -> None:
-    """A large folder of photo-sized JPEGs made from GTSRB (pipeline/bench/scale_folder.py)."""
+    """A large folder of photo-sized JPEGs made from the demo data (pipeline/bench/scale_folder.py)."""
     _tool("pipeline.bench.scale_folder", ctx)
 
 

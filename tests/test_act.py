@@ -57,7 +57,7 @@ def test_ci_workflow_runs_under_act(tmp_path: Path) -> None:
 def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
     real = os.environ.get("GTSRB_ROOT")
     gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
-    result = act("pipeline", "--input", "quick=true", "--input", "epochs=2", out=tmp_path / "act", gtsrb=gtsrb)
+    result = act("pipeline", "--input", "quick=true", "--input", "epochs=1", out=tmp_path / "act", gtsrb=gtsrb)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     for job in ("repro (x86_64)", "repro (arm64)", "compare x86 and Arm"):
@@ -73,7 +73,7 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert (artifact / "data" / "prepared" / "test" / "images-00000.npy").is_file()
         assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
         assert not (artifact / "models" / "checkpoints").exists()
-        assert "epochs: 2" in (artifact / "params.yaml").read_text()
+        assert "epochs: 1" in (artifact / "params.yaml").read_text()
         assert (tmp_path / "act" / "pipeline" / f"mlflow-{arch}" / "mlflow.db").is_file()
     # The compare job's table went to the job summary (act prints summaries in its log).
     assert "Benchmark: x86 and Arm runners" in log and "| machine | variant |" in log

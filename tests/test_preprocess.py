@@ -112,14 +112,14 @@ def _photo_files(folder, real_root=None):  # type: ignore[no-untyped-def]
 def test_every_resize_mode_gives_the_server_the_tensor_prepare_made(tmp_path, resize) -> None:  # type: ignore[no-untyped-def]
     """The one framing, three ways to make a square: prepare's array and the server's input tensor are equal, byte
     for byte (x 255), on files of several sizes, formats and modes."""
+    from pipeline.data.decode import decoded
     from pipeline.data.listing import SignFile
     from pipeline.preprocess import Framing
     from pipeline.serve.protocol import decode_images
-    from pipeline.stages.prepare import _load_one
 
     framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), resize)
     for path in _photo_files(tmp_path):
-        prepared = _load_one(SignFile(path, 0, None, -1), framing, use_box=False)
+        (prepared,) = decoded([SignFile(path, 0, None, -1)], framing, use_box=False, workers=1)  # prepare's reader
         assert isinstance(prepared, np.ndarray) and prepared.shape == (48, 48, 3), path
         served = decode_images([(path.read_bytes(), None)], framing, 4096 * 4096)[0]
         assert np.array_equal(np.round(served * 255).astype(np.uint8).transpose(1, 2, 0), prepared), (path, resize)

@@ -42,6 +42,7 @@ DEMO_FILES: dict[str, list[str]] = {
         "pipeline/monitor.py",
         "pipeline/bench/models.py",
         "pipeline/bench/accuracy.py",
+        "pipeline/bench/scale_folder.py",
         "dvc.yaml",
         "data/README.md",
         "scripts/raw-data.sh",
@@ -85,6 +86,7 @@ DEMO_FILES: dict[str, list[str]] = {
         "tests/test_monitor.py",
         "tests/test_preprocess.py",
         "tests/test_team_stack.py",
+        "tests/test_tracking.py",
         "tests/test_workflows.py",
     ],
     "the template's manual: how the package works, shown on the demo, and the demo's measured results": [
