@@ -501,6 +501,9 @@ class TuneConfig(Section):
     """Stop starting trials after this long (0 = no limit)."""
     epochs: int = Field(0, ge=0, le=1000)
     """Epochs per trial (0 = train.epochs)."""
+    baseline: bool = True
+    """A new study's first trial is params.yaml's own values of the space's keys (today's recipe, where they lie in the
+    space): the study reports it beside the winner, and what it returns is never behind it on validation."""
     sampler: Literal["tpe", "random"] = "tpe"
     pruner: Literal["median", "hyperband", "none"] = "median"
     """Stops a trial whose validation accuracy at an epoch is below the median of the others' there (median), or by

@@ -127,6 +127,30 @@ def make_study(params: Params) -> Any:
     )
 
 
+def enqueue_baseline(study: Any, params: Params, kinds: Mapping[str, str]) -> dict[str, Any] | None:
+    """A new study's first trial: params.yaml's own values of the space's keys, when every one lies in the space
+    (a choice among the choices, a number within the range). Returns those values, or None when not enqueued."""
+    if not params.tune.baseline or study.get_trials(deepcopy=False):
+        return None
+    current = params.model_dump(mode="json")
+    values: dict[str, Any] = {}
+    for key, spec in params.tune.space.items():
+        section, _, field = key.partition(".")
+        value = current[section][field]
+        inside = (
+            value in (spec.choices or [])
+            if kinds[key] == "choice"
+            else spec.low is not None and spec.high is not None and spec.low <= value <= spec.high
+        )
+        if not inside:
+            console.log(f"tune: no baseline trial: {key}={value} (params.yaml) is outside tune.space")
+            return None
+        values[key] = value
+    # skip_if_exists: a second process starting the same new study at the same moment adds no second copy
+    study.enqueue_trial(values, user_attrs={"baseline": True}, skip_if_exists=True)
+    return values
+
+
 def counted(study: Any) -> int:
     """Trials that count toward tune.trials: complete and pruned (a failed or killed one does not)."""
     from optuna.trial import TrialState
@@ -273,9 +297,13 @@ def summarize(study: Any, folder: Path) -> dict[str, Any] | None:
             "params": t.params,
             "epochs": len(t.intermediate_values),
             "curve": dict(sorted(t.intermediate_values.items())),
+            "baseline": bool(t.user_attrs.get("baseline")),
         }
         for t in study.get_trials(deepcopy=False)
     ]
+    # the first trial of a new study: params.yaml's recipe (tune.baseline)
+    baseline = next(({"number": t["number"], "state": t["state"], "value": t["value"], "params": t["params"]}
+                     for t in trials if t["baseline"]), None)  # fmt: skip
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     best = None
     if complete:
@@ -284,8 +312,8 @@ def summarize(study: Any, folder: Path) -> dict[str, Any] | None:
         (folder / "best.yaml").write_text(yaml.safe_dump(dict(winner.params), sort_keys=True))
         (folder / "best.args").write_text(" ".join(f"-S {k}={v}" for k, v in sorted(winner.params.items())) + "\n")
     counts = {state: sum(t["state"] == state for t in trials) for state in ("complete", "pruned", "fail", "running")}
-    (folder / "study.json").write_text(json.dumps({"study": study.study_name, "counts": counts, "best": best,
-                                                   "trials": trials}, indent=2, default=str) + "\n")  # fmt: skip
+    summary = {"study": study.study_name, "counts": counts, "best": best, "baseline": baseline, "trials": trials}
+    (folder / "study.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if complete:
         import matplotlib
 
@@ -317,6 +345,7 @@ def run(params: Params) -> None:
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = make_study(params)
+    enqueue_baseline(study, params, kinds)
     name = study_name(params)
     tracking = Tracking(params, name)
     done = counted(study)
@@ -337,7 +366,8 @@ def run(params: Params) -> None:
     best = summarize(study, TUNE_REPORTS)
     tracking.artifacts(TUNE_REPORTS, best)
     tracking.finish()
-    counts = json.loads((TUNE_REPORTS / "study.json").read_text())["counts"]
+    summary = json.loads((TUNE_REPORTS / "study.json").read_text())
+    counts, baseline = summary["counts"], summary["baseline"]
     if best is None:
         raise StageError(f"tune: no trial completed ({counts}); see {TUNE_REPORTS / 'study.json'}")
     console.log(
@@ -345,3 +375,6 @@ def run(params: Params) -> None:
         f"{time.perf_counter() - started:.0f} s; best trial {best['number']}: val accuracy {best['value']:.4f} with "
         f"{best['params']}. Apply it: dvc exp run $(cat {TUNE_REPORTS / 'best.args'})"
     )
+    if baseline is not None:
+        value = "-" if baseline["value"] is None else f"{baseline['value']:.4f}"
+        console.log(f"tune: params.yaml's own recipe was trial {baseline['number']} ({baseline['state']}, val {value})")

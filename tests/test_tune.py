@@ -102,6 +102,24 @@ def test_three_trials_one_pruned_one_parent_run_with_a_child_each_and_the_winner
     assert "history.png" in {a.path.split("/")[-1] for a in client.list_artifacts(parents[0].info.run_id, "tune")}
 
 
+def test_a_new_study_starts_from_the_params_own_recipe(project: Path, digits: Path) -> None:
+    """tune.baseline: trial 0 of a new study is params.yaml's own values, reported beside the winner; a value
+    outside the space enqueues nothing."""
+    raw = digits_params(
+        project, digits, trials=1, epochs=1, space={"train.lr": {"low": 0.001, "high": 0.01, "log": True}}
+    )
+    raw["train"]["lr"] = 0.0042
+    tune.run(parse_params(raw))
+    report = json.loads((project / "reports/tune/study.json").read_text())
+    assert report["trials"][0]["params"] == {"train.lr": 0.0042} and report["trials"][0]["baseline"] is True
+    assert report["baseline"]["number"] == 0 and report["baseline"]["value"] == report["best"]["value"]
+
+    raw |= {"tune": {**raw["tune"], "study": "outside", "space": {"train.lr": {"choices": [0.001, 0.01]}}}}
+    tune.run(parse_params(raw))
+    report = json.loads((project / "reports/tune/study.json").read_text())
+    assert report["baseline"] is None and report["trials"][0]["params"]["train.lr"] in (0.001, 0.01)
+
+
 def _tune_process(work: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_TRACKING_URI", None)
