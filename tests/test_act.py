@@ -7,16 +7,19 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.s3 import KEYS, weed_s3
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ACT = REPO / ".venv" / "bin" / "act"
+DVC = [sys.executable, "-m", "dvc"]
 if not ACT.exists() and shutil.which("act"):
     ACT = Path(shutil.which("act") or "act")
 
@@ -57,9 +60,29 @@ def test_ci_workflow_runs_under_act(tmp_path: Path) -> None:
 def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
     real = os.environ.get("GTSRB_ROOT")
     gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
-    result = act("pipeline", "--input", "quick=true", "--input", "epochs=1", out=tmp_path / "act", gtsrb=gtsrb)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-5000:]
+    with weed_s3() as endpoint:  # the team's DVC remote, given as the workflow's secrets
+        secrets = {"DVC_REMOTE_URL": "s3://dvc/ci", "DVC_REMOTE_ENDPOINT": endpoint, **KEYS}
+        flags = [arg for name, value in secrets.items() for arg in ("--secret", f"{name}={value}")]
+        result = act("pipeline", "--input", "quick=true", "--input", "epochs=1", *flags, out=tmp_path / "act",
+                     gtsrb=gtsrb)  # fmt: skip
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log[-5000:]
+        for step in ("dvc pull from the team's remote", "dvc push to the team's remote"):
+            assert log.count(f"Success - Main {step}") == 2, f"{step}: not run on both runners"
+        # A teammate with the run's dvc.lock and the remote: `dvc pull` brings the data the runner prepared.
+        artifact = tmp_path / "act" / "pipeline" / "pipeline-x86_64"
+        teammate = tmp_path / "teammate"
+        teammate.mkdir()
+        for name in ("dvc.yaml", "params.yaml", "dvc.lock"):
+            shutil.copy(artifact / name if (artifact / name).is_file() else REPO / name, teammate / name)
+        env = {**os.environ, **KEYS}
+        for cmd in (["git", "init", "-q"], [*DVC, "init", "-q"], [*DVC, "remote", "add", "-d", "team", "s3://dvc/ci"],
+                    [*DVC, "remote", "modify", "team", "endpointurl", endpoint], [*DVC, "pull", "prepare"]):  # fmt: skip
+            done = subprocess.run(cmd, cwd=teammate, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+    pulled = json.loads((teammate / "data" / "prepared" / "manifest.json").read_text())
+    assert pulled == json.loads((artifact / "data" / "prepared" / "manifest.json").read_text())
+    assert (teammate / "data" / "prepared" / "train" / "images-00000.npy").is_file()
     for job in ("repro (x86_64)", "repro (arm64)", "compare x86 and Arm"):
         assert f"[pipeline/{job}" in log, f"job {job} did not run"
     assert "Job failed" not in log

@@ -4,62 +4,30 @@ reads the rows it asks for by ranged reads, and trains the same weights as a run
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
 
 from pipeline.artifacts import prepared
 from pipeline.errors import StageError
-from pipeline.ports import free_port
 from tests.helpers.params import train_params
 from tests.helpers.prepared import write_prepared
 from tests.helpers.project import GIT_IDENTITY, run
+from tests.helpers.s3 import KEYS, weed_s3
 
 pytestmark = pytest.mark.slow
 
 DVC = [sys.executable, "-m", "dvc"]
-KEYS = {"AWS_ACCESS_KEY_ID": "shards-test", "AWS_SECRET_ACCESS_KEY": "shards-test-secret-0123456789"}
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    """`weed mini`'s S3 gateway on free loopback ports, with a `dvc` bucket; its endpoint URL."""
-    from pipeline.team_stack import Ports
-
-    weed = shutil.which("weed") or str(Path(sys.executable).with_name("weed"))
-    if not Path(weed).exists():
-        pytest.skip("SeaweedFS (weed) is not installed: make env")
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"shards-s3-{os.getpid()}"
-    (root / "s3").mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    cmd = [weed, "mini", f"-dir={root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.port={port}",
-           "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false", "-bucket=dvc"]  # fmt: skip
-    cmd += [f"-{key}={value}" for key, value in Ports.free().weed.items()]
-    with (root / "s3.log").open("w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, **KEYS}, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and proc.poll() is None, (root / "s3.log").read_text()[-2000:]
-                time.sleep(0.5)
+    with weed_s3() as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
