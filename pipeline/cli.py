@@ -279,6 +279,12 @@ def bench_scale_folder(ctx: typer.Context) -> None:
     _tool("pipeline.bench.scale_folder", ctx)
 
 
+@bench.command("decode", context_settings=PASS_THROUGH)
+def bench_decode(ctx: typer.Context) -> None:
+    """The server's PNG decode per image: libspng against PIL, side by side (pipeline/bench/decode.py)."""
+    _tool("pipeline.bench.decode", ctx)
+
+
 @bench.command("drift", context_settings=PASS_THROUGH)
 def bench_drift(ctx: typer.Context) -> None:
     """What the server's drift signals cost per request (pipeline/bench/drift.py)."""

@@ -1,6 +1,7 @@
 import io
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,51 @@ def test_pad_keeps_the_aspect_on_black_bands_and_center_crop_cuts_the_long_side(
     assert centre[:, 2:18].max() == 0  # only the middle square: neither colour
     stretched = to_array(halves, 30, resize="stretch")
     assert stretched[:, 2, 0].min() > 200 and stretched[:, -3, 1].min() > 200
+
+
+def test_pngs_decoded_by_libspng_give_the_model_pil_s_input_byte_for_byte(
+    real_gtsrb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real GTSRB test files as PNGs of every mode users send: the server's input tensor with libspng (8-bit grey,
+    RGB, RGBA) equals PIL's for every file; palette, 1-bit, grey + alpha and 16-bit stay with PIL; a truncated PNG
+    gets PIL's error, word for word."""
+    from pipeline import preprocess
+    from pipeline.preprocess import Framing
+    from pipeline.serve.protocol import BadRequest, decode_images
+
+    if preprocess.pyspng is None:
+        pytest.skip("pyspng is not installed")
+    files = sorted((real_gtsrb_root / "gtsrb" / "GTSRB" / "Final_Test" / "Images").glob("*.ppm"))[:40]
+    assert files
+    bodies: dict[str, list[bytes]] = {}
+    for path in files:
+        base = Image.open(path).convert("RGB")
+        rgba = base.copy()
+        rgba.putalpha(Image.linear_gradient("L").resize(base.size))
+        grey16 = Image.fromarray((np.asarray(base.convert("L"), dtype=np.uint16) * 257).astype(np.uint16))
+        for mode, image in {"RGB": base, "L": base.convert("L"), "RGBA": rgba, "LA": rgba.convert("LA"),
+                            "P": base.convert("P"), "1": base.convert("1"), "I;16": grey16}.items():  # fmt: skip
+            out = io.BytesIO()
+            image.save(out, "PNG", compress_level=len(bodies.get(mode, [])) % 10)
+            bodies.setdefault(mode, []).append(out.getvalue())
+    calls: list[str] = []
+    load = preprocess.pyspng.load
+    monkeypatch.setattr(
+        preprocess.pyspng, "load", lambda data, format: calls.append(format) or load(data, format=format)
+    )
+    framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), "pad")
+    for mode, images in bodies.items():
+        calls.clear()
+        fast = decode_images([(body, None) for body in images], framing, 4096 * 4096)
+        assert calls == ([mode] * len(images) if mode in ("L", "RGB", "RGBA") else []), mode
+        with monkeypatch.context() as m:
+            m.setattr(preprocess, "pyspng", None)
+            assert np.array_equal(fast, decode_images([(body, None) for body in images], framing, 4096 * 4096)), mode
+
+    truncated = bodies["RGB"][0][: len(bodies["RGB"][0]) // 2]
+    with pytest.raises(BadRequest) as fast_error:
+        decode_images([(truncated, None)], framing, 4096 * 4096)
+    monkeypatch.setattr(preprocess, "pyspng", None)
+    with pytest.raises(BadRequest) as pil_error:
+        decode_images([(truncated, None)], framing, 4096 * 4096)
+    assert str(fast_error.value) == str(pil_error.value)
