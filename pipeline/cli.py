@@ -285,6 +285,12 @@ def bench_decode(ctx: typer.Context) -> None:
     _tool("pipeline.bench.decode", ctx)
 
 
+@bench.command("frontend", context_settings=PASS_THROUGH)
+def bench_frontend(ctx: typer.Context) -> None:
+    """The HTTP front end alone: uvicorn tuned against Granian on a null route (pipeline/bench/frontend.py)."""
+    _tool("pipeline.bench.frontend", ctx)
+
+
 @bench.command("drift", context_settings=PASS_THROUGH)
 def bench_drift(ctx: typer.Context) -> None:
     """What the server's drift signals cost per request (pipeline/bench/drift.py)."""
