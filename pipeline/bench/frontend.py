@@ -187,5 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table = [{"setup": name, **row} for name, row in zip(names, rows, strict=True)]
-        args.out.write_text(json.dumps({"machine": facts, "versions": versions, "rounds": args.rounds, "rows": table}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"machine": facts, "versions": versions, "rounds": args.rounds, "rows": table}, indent=2) + "\n"
+        )
     return 0 if all(r["errors"] == 0 for r in rows) else 1
