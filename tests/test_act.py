@@ -24,11 +24,14 @@ if not ACT.exists() and shutil.which("act"):
     ACT = Path(shutil.which("act") or "act")
 
 
-def act(workflow: str, *args: str, out: Path, gtsrb: Path | None = None) -> subprocess.CompletedProcess[str]:
+def act(
+    workflow: str, *args: str, out: Path, gtsrb: Path | None = None, jobs: int = 1
+) -> subprocess.CompletedProcess[str]:
+    """scripts/act.sh WORKFLOW ARGS; `jobs` matrix legs at once (GitHub runs them on separate machines)."""
     if not ACT.exists():
         pytest.skip("act is not installed (it comes with the dev dependencies: make env)")
     env = {k: v for k, v in os.environ.items() if k not in ("GTSRB_ROOT", "PYTEST_ADDOPTS")}
-    env |= {"ACT_BIN": str(ACT), "ACT_OUTPUT_DIR": str(out)}
+    env |= {"ACT_BIN": str(ACT), "ACT_OUTPUT_DIR": str(out), "ACT_CONCURRENT_JOBS": str(jobs)}
     if gtsrb:
         env["GTSRB_ROOT"] = str(gtsrb)
     return subprocess.run(
@@ -64,7 +67,7 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         secrets = {"DVC_REMOTE_URL": "s3://dvc/ci", "DVC_REMOTE_ENDPOINT": endpoint, **KEYS}
         flags = [arg for name, value in secrets.items() for arg in ("--secret", f"{name}={value}")]
         result = act("pipeline", "--input", "quick=true", "--input", "epochs=1", *flags, out=tmp_path / "act",
-                     gtsrb=gtsrb)  # fmt: skip
+                     gtsrb=gtsrb, jobs=2)  # fmt: skip
         log = result.stdout + result.stderr
         assert result.returncode == 0, log[-5000:]
         for step in ("dvc pull from the team's remote", "dvc push to the team's remote"):

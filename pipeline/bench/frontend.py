@@ -30,7 +30,7 @@ import httpx
 from PIL import Image
 
 from pipeline import machine
-from pipeline.bench.serve import BOUNDARY, cpu_seconds, run_wrk
+from pipeline.bench.serve import BOUNDARY, WRK_DONE, cpu_seconds, run_wrk
 from pipeline.ports import free_port
 
 WRK_SCRIPT = """local f = assert(io.open("%(body)s", "rb"))
@@ -38,13 +38,6 @@ local body = f:read("*all")
 f:close()
 local req = wrk.format("POST", "/v1/predict", {["Content-Type"] = "multipart/form-data; boundary=%(boundary)s"}, body)
 request = function() return req end
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, '
-    .. '"connect": %%d, "read": %%d, "write": %%d, "status": %%d, "timeout": %%d}\\n',
-    summary.requests, summary.duration, latency:percentile(50.0), latency:percentile(99.0),
-    e.connect, e.read, e.write, e.status, e.timeout))
-end
 """
 
 
@@ -129,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 "Content-Type: image/png\r\n\r\n").encode() + png.read_bytes() + f"\r\n--{BOUNDARY}--\r\n".encode()  # fmt: skip
         (work / "body.bin").write_bytes(body)
         script = work / "null.lua"
-        script.write_text(WRK_SCRIPT % {"body": work / "body.bin", "boundary": BOUNDARY})
+        script.write_text(WRK_SCRIPT % {"body": work / "body.bin", "boundary": BOUNDARY} + WRK_DONE)
         ports = {name: free_port() for name in commands(0)}
         procs = {name: subprocess.Popen(commands(port)[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for name, port in ports.items()}  # fmt: skip

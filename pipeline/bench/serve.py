@@ -267,10 +267,12 @@ request = function()
   n = n %% #requests + 1
   return requests[n]
 end
-done = function(summary, latency, requests)
+"""
+# The end of every wrk script here (appended after the % formatting): the run's figures as one JSON line.
+WRK_DONE = """done = function(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, '
-    .. '"connect": %%d, "read": %%d, "write": %%d, "status": %%d, "timeout": %%d}\\n',
+  io.write(string.format('WRK_RESULT {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, '
+    .. '"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d}\\n',
     summary.requests, summary.duration, latency:percentile(50.0), latency:percentile(99.0),
     e.connect, e.read, e.write, e.status, e.timeout))
 end
@@ -296,11 +298,11 @@ def wrk_script(setup: Setup, files: list[Path], work: Path) -> Path:
         body, content_type = request_body(setup, f.read_bytes())
         bodies.append(work / f"{setup.key}-body-{i}.bin")
         bodies[-1].write_bytes(body)
-    text = WRK_SCRIPT % {
-        "files": ", ".join(json.dumps(str(f)) for f in bodies),
-        "content_type": content_type,
-        "path": setup.path,
-    }
+    text = (
+        WRK_SCRIPT
+        % {"files": ", ".join(json.dumps(str(f)) for f in bodies), "content_type": content_type, "path": setup.path}
+        + WRK_DONE
+    )
     path = work / f"{setup.name}.lua"
     path.write_text(text)
     return path
