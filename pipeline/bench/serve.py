@@ -14,6 +14,7 @@ measurement and stopped at the end; the measurements interleave: for each round 
                  one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
                  PyTorch forward of our fp32 model (models/model.pt) per request
 Every request is a multipart upload of one original test file, whole, as PNG (what deploy's smoke test sends;
+`--send original`: the file's own bytes, e.g. the JPEGs of a photo data set;
 the script cycles through 64 of them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
 at most one core; `--client httpx` uses a Python asyncio client instead (it competes with the server
 for the CPU). Before the load, 100 test images are classified one by one through each setup, to show
@@ -63,14 +64,17 @@ class Setup:
     body: str = "multipart"  # multipart (one file in `field`) | oip-json (an OIP v2 BYTES tensor, base64 PNG)
 
 
-def png_images(prepared: Path, count: int) -> list[tuple[bytes, int]]:
+def png_images(prepared: Path, count: int, send: str = "png") -> list[tuple[bytes, int]]:
     """What users send: the test split's original files, whole, re-encoded as PNG (as deploy's smoke test sends
-    them), the first `count`; the prepared crops only when prepare kept no files (an older prepare)."""
+    them) or, with send="original", their bytes as they are (the JPEGs a camera wrote); the first `count`; the
+    prepared crops as PNG only when prepare kept no files (an older prepare)."""
     from pipeline.artifacts.prepared import read_test_files
     from pipeline.client import encode
 
     originals = read_test_files(prepared)[:count]
     if originals:
+        if send == "original":
+            return [(f.path.read_bytes(), f.label) for f in originals]
         return [(encode(Image.open(f.path)), f.label) for f in originals]
     test = read_split("test", prepared)
     return [(encode(image), int(label)) for image, label in zip(test.images[:count], test.labels[:count], strict=True)]
@@ -442,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
                         "(pipeline/bench/peers/__init__.py): adds (e) ours over OIP v2 JSON, (f) LitServe, "
                         "(g) BentoML, (h) MLServer")  # fmt: skip
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
+    parser.add_argument("--send", choices=["png", "original"], default="png",
+                        help="each test file re-encoded as PNG (deploy's smoke test), or its original bytes (photos: JPEG)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -453,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if not (args.models / "manifest.json").is_file() or not (args.models / "model.pt").is_file():
         raise SystemExit(f"loadtest: no trained model in {args.models}/ (run the pipeline up to optimize first)")
-    images = png_images(args.prepared, 645)
+    images = png_images(args.prepared, 645, args.send)
     facts = machine_facts(wrk if args.client == "wrk" else None)
     print("machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()), flush=True)
 

@@ -57,3 +57,15 @@ def test_the_load_is_the_original_test_files_whole_as_png(tiny_project: Path) ->
         assert data.startswith(b"\x89PNG") and label == original.label
         decoded = np.asarray(Image.open(io.BytesIO(data)))
         assert np.array_equal(decoded, np.asarray(Image.open(original.path).convert("RGB")))
+
+
+def test_the_load_sends_the_test_files_as_png_or_as_they_are(tiny_project: Path) -> None:
+    from pipeline.artifacts.prepared import read_test_files
+    from pipeline.bench.serve import png_images
+
+    prepared = tiny_project / "data" / "prepared"
+    originals = read_test_files(prepared)[:5]
+    as_sent = png_images(prepared, 5, "original")
+    assert [data for data, _ in as_sent] == [f.path.read_bytes() for f in originals]
+    assert [label for _, label in as_sent] == [f.label for f in originals]
+    assert all(data.startswith(b"\x89PNG") for data, _ in png_images(prepared, 5))
