@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageFile
 
-try:  # libspng: small 8-bit PNGs decode in about two thirds of PIL's time (`pipeline bench decode`)
+try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`pipeline bench decode`)
     import pyspng
 except ImportError:  # pragma: no cover - PIL decodes every PNG as well
     pyspng = None
@@ -153,7 +153,7 @@ def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
 
 
 # The PNG layouts libspng decodes to exactly PIL's pixels (tests/test_preprocess.py); the others (palette, 16-bit,
-# grey + alpha, interlaced) and every file PIL would refuse stay with PIL, so what is accepted does not change.
+# grey + alpha, interlaced), files opened from a path, and any file libspng refuses stay with PIL, which words the error.
 _SPNG_MODES = ("L", "RGB", "RGBA")
 
 

@@ -127,11 +127,11 @@ def make_study(params: Params) -> Any:
     )
 
 
-def enqueue_baseline(study: Any, params: Params, kinds: Mapping[str, str]) -> dict[str, Any] | None:
+def enqueue_baseline(study: Any, params: Params, kinds: Mapping[str, str]) -> None:
     """A new study's first trial: params.yaml's own values of the space's keys, when every one lies in the space
-    (a choice among the choices, a number within the range). Returns those values, or None when not enqueued."""
+    (a choice among the choices, a number within the range)."""
     if not params.tune.baseline or study.get_trials(deepcopy=False):
-        return None
+        return
     current = params.model_dump(mode="json")
     values: dict[str, Any] = {}
     for key, spec in params.tune.space.items():
@@ -144,11 +144,10 @@ def enqueue_baseline(study: Any, params: Params, kinds: Mapping[str, str]) -> di
         )
         if not inside:
             console.log(f"tune: no baseline trial: {key}={value} (params.yaml) is outside tune.space")
-            return None
+            return
         values[key] = value
     # skip_if_exists: a second process starting the same new study at the same moment adds no second copy
     study.enqueue_trial(values, user_attrs={"baseline": True}, skip_if_exists=True)
-    return values
 
 
 def counted(study: Any) -> int:

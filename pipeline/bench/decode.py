@@ -51,12 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     spng = preprocess.pyspng
     best = {"libspng": float("inf"), "pil": float("inf")}
     outputs: dict[str, np.ndarray] = {}
-    for _ in range(args.repeats):
-        for name in best:
-            preprocess.pyspng = spng if name == "libspng" else None
-            seconds, outputs[name] = _time(bodies, framing)
-            best[name] = min(best[name], seconds)
-    preprocess.pyspng = spng
+    try:
+        for _ in range(args.repeats):
+            for name in best:
+                preprocess.pyspng = spng if name == "libspng" else None
+                seconds, outputs[name] = _time(bodies, framing)
+                best[name] = min(best[name], seconds)
+    finally:
+        preprocess.pyspng = spng
     report = {
         "images": len(bodies),
         "size": args.size,

@@ -41,42 +41,15 @@ request = function() return req end
 """
 
 
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "-"
-
-
 def commands(port: int) -> dict[str, list[str]]:
     py = sys.executable
     granian = [py, "-m", "granian", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                "--runtime-threads", "1", "--loop", "uvloop", "--no-ws", "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    uvicorn = [py, "-m", "uvicorn", "pipeline.bench.null_route:asgi", "--host", "127.0.0.1", "--port", str(port),
+               "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--no-server-header", "--no-date-header",
+               "--no-proxy-headers", "--lifespan", "off", "--log-level", "warning"]  # fmt: skip
     return {
-        "uvicorn (tuned)": [
-            py,
-            "-m",
-            "uvicorn",
-            "pipeline.bench.null_route:asgi",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--no-server-header",
-            "--no-date-header",
-            "--no-proxy-headers",
-            "--lifespan",
-            "off",
-            "--log-level",
-            "warning",
-        ],
+        "uvicorn (tuned)": uvicorn,
         "granian asgi": [*granian, "--interface", "asgi", "pipeline.bench.null_route:asgi"],
         "granian rsgi": [*granian, "--interface", "rsgi", "pipeline.bench.null_route:rsgi"],
     }
@@ -158,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**row, "concurrency": c, "errors": sum(int(r["errors"]) for r in runs)})
         names.append(name)
     facts = machine.facts(with_torch=False)
-    versions = {name: _version(name) for name in ("uvicorn", "granian", "uvloop", "httptools")}
+    versions = {name: machine._version(name) or "-" for name in ("uvicorn", "granian", "uvloop", "httptools")}
     print(
         f"CPU: {facts['cpu']} ({facts['cores']} cores; {', '.join(facts['isa'])}); "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
