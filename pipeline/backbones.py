@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -118,6 +118,13 @@ def _expected_input(name: str) -> tuple[tuple[float, ...], tuple[float, ...], st
     recipe = str(weights.meta.get("recipe", ""))
     licence = f"not stated by torchvision; recipe {recipe}" if recipe else "not stated by torchvision"
     return tuple(t.mean), tuple(t.std), str(t.interpolation.value), licence
+
+
+def expected_interpolation(name: str) -> Literal["bilinear", "bicubic"]:
+    """The resize filter `name`'s pretrained weights were made with: data.interpolation's `auto`."""
+    if name.partition("/")[0] not in FAMILIES:  # signnet / trafficsignnet: no pretrained weights
+        return "bilinear"
+    return "bicubic" if _expected_input(name)[2] == "bicubic" else "bilinear"
 
 
 def _default_file(name: str) -> Path:

@@ -45,6 +45,10 @@ class DataConfig(Section):
     """How an image (its served crop, or its box) becomes that square, the same in prepare, evaluate, predict and
     the server: `stretch` squashes it (GTSRB's signs are about square); `center_crop` keeps the central square of
     the shorter side; `pad` keeps all of it and its aspect ratio, on black bands (photos of any shape)."""
+    interpolation: Literal["auto", "bilinear", "bicubic"] = "auto"
+    """The resize's filter, the same in prepare, evaluate, predict and the server. `auto`: what the architecture's
+    pretrained weights were made with (torchvision's `weights.transforms()`, timm's `pretrained_cfg`: bicubic for
+    efficientnet_b0 and timm's networks), bilinear for signnet / trafficsignnet."""
     roi_margin: float = Field(0.1, ge=0.0, le=1.0)
     """Margin around the sign, as a fraction of its box on each side: what `framing: roi` crops, and what
     `crop: auto` leaves around the sign of an average whole image."""

@@ -48,6 +48,10 @@ def box_with_margin(box: Box, margin: float, width: int, height: int) -> Box:
 
 RESIZE_MODES = ("stretch", "center_crop", "pad")
 Resize = Literal["stretch", "center_crop", "pad"]
+# The filters pretrained weights were made with (torchvision's weights.transforms(), timm's pretrained_cfg): PIL's,
+# antialiased when shrinking, as both libraries' own PIL pipelines apply them.
+INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+Interpolation = Literal["bilinear", "bicubic"]
 
 
 def _fit_region(
@@ -75,10 +79,13 @@ def to_array(
     margin: float = 0.1,
     crop: Crop = NO_CROP,
     resize: Resize = "stretch",
+    interpolation: Interpolation = "bilinear",
 ) -> np.ndarray:
     """Crop (to `box` grown by `margin`; without a box, the whole image less the `crop` fractions) and resize
     to size x size RGB uint8 (HWC), by `resize` (stretch | center_crop | pad: see _fit_region). Any mode becomes
-    RGB; 16- and 32-bit grey levels are scaled to 8 bits (a plain convert would clip them to white)."""
+    RGB; 16- and 32-bit grey levels are scaled to 8 bits (a plain convert would clip them to white). `interpolation`:
+    the resize's filter (bilinear | bicubic), the one the model's pretrained weights expect."""
+    resample = INTERPOLATIONS[interpolation]
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
         pixels = np.asarray(image, dtype=np.float64)
         peak = 65535.0 if image.mode.startswith("I;16") or pixels.max(initial=0) > 255 else 255.0
@@ -94,12 +101,12 @@ def to_array(
         # Sub-pixel region of the source: resize samples it directly, so small images lose no precision.
         region = (left * w, top * h, w - right * w, h - bottom * h)
     if resize == "stretch":
-        # PIL's bilinear filter antialiases when shrinking, so small and large sources look alike.
-        image = image.resize((size, size), Image.Resampling.BILINEAR, box=region)
+        # PIL's filters antialias when shrinking, so small and large sources look alike.
+        image = image.resize((size, size), resample, box=region)
         return np.asarray(image, dtype=np.uint8)
     shown, (fw, fh) = _fit_region(region or (0.0, 0.0, float(image.width), float(image.height)), resize)
     out_w, out_h = max(1, round(size * fw)), max(1, round(size * fh))
-    image = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=shown)
+    image = image.resize((out_w, out_h), resample, box=shown)
     if (out_w, out_h) == (size, size):
         return np.asarray(image, dtype=np.uint8)
     canvas = np.zeros((size, size, 3), dtype=np.uint8)
@@ -119,6 +126,8 @@ class Framing:
     crop: Crop = NO_CROP
     resize: Resize = "stretch"
     """How the (cropped) image becomes a square: stretch | center_crop | pad (data.resize)."""
+    interpolation: Interpolation = "bilinear"
+    """The resize's filter: what the model's pretrained weights expect (data.interpolation)."""
 
     def __post_init__(self) -> None:
         left, top, right, bottom = self.crop
@@ -126,10 +135,12 @@ class Framing:
             raise ValueError(f"crop {self.crop} must be fractions >= 0 that leave at least 10% of each side")
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize {self.resize!r} must be one of {', '.join(RESIZE_MODES)}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation {self.interpolation!r} must be one of {', '.join(INTERPOLATIONS)}")
 
     def array(self, image: Image.Image, box: Box | None = None) -> np.ndarray:
         """uint8 [S, S, 3] RGB."""
-        return to_array(image, self.size, box, self.roi_margin, self.crop, self.resize)
+        return to_array(image, self.size, box, self.roi_margin, self.crop, self.resize, self.interpolation)
 
 
 def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:

@@ -109,16 +109,19 @@ def _photo_files(folder, real_root=None):  # type: ignore[no-untyped-def]
     return paths
 
 
-@pytest.mark.parametrize("resize", ["stretch", "center_crop", "pad"])
-def test_every_resize_mode_gives_the_server_the_tensor_prepare_made(tmp_path, resize) -> None:  # type: ignore[no-untyped-def]
-    """The one framing, three ways to make a square: prepare's array and the server's input tensor are equal, byte
-    for byte (x 255), on files of several sizes, formats and modes."""
+@pytest.mark.parametrize(
+    ("resize", "interpolation"),
+    [("stretch", "bilinear"), ("center_crop", "bilinear"), ("pad", "bilinear"), ("center_crop", "bicubic")],
+)
+def test_every_resize_mode_gives_the_server_the_tensor_prepare_made(tmp_path, resize, interpolation) -> None:  # type: ignore[no-untyped-def]
+    """The one framing, three ways to make a square and two filters: prepare's array and the server's input tensor
+    are equal, byte for byte (x 255), on files of several sizes, formats and modes."""
     from pipeline.data.decode import decoded
     from pipeline.data.listing import SignFile
     from pipeline.preprocess import Framing
     from pipeline.serve.protocol import decode_images
 
-    framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), resize)
+    framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), resize, interpolation)
     for path in _photo_files(tmp_path):
         (prepared,) = decoded([SignFile(path, 0, None, -1)], framing, use_box=False, workers=1)  # prepare's reader
         assert isinstance(prepared, np.ndarray) and prepared.shape == (48, 48, 3), path

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.artifacts import DATA_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Framing, Resize
+from pipeline.preprocess import NO_CROP, Framing, Interpolation, Resize
 
 PREPARED_DIR = DATA_DIR / "prepared"
 MANIFEST_FILE = "manifest.json"
@@ -115,10 +115,12 @@ class PreparedManifest(_Record):
     """What the served input cuts off a whole image (left, top, right, bottom fractions); see preprocess.Framing."""
     resize_mode: Resize = "stretch"
     """How the image becomes a square (data.resize): stretch | center_crop | pad."""
+    interpolation: Interpolation = "bilinear"
+    """The resize's filter (data.interpolation, `auto` resolved from model.name's pretrained weights)."""
 
     def served_framing(self) -> Framing:
         """How the server turns a file into this data's model input (optimize copies it into models/manifest)."""
-        return Framing(self.image_size, self.roi_margin, self.crop, self.resize_mode)
+        return Framing(self.image_size, self.roi_margin, self.crop, self.resize_mode, self.interpolation)
 
 
 def content_sha256(arrays: dict[str, SplitArrays]) -> str:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Framing, Resize
+from pipeline.preprocess import NO_CROP, Framing, Interpolation, Resize
 
 MANIFEST_NAME = "manifest.json"
 VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
@@ -34,7 +34,7 @@ class Preprocess(_Strict):
     roi_margin: float
     """Margin kept around a sign's ROI box when one is given (fraction of the box per side)."""
     resize: int
-    """Square side the (cropped) image is resized to, bilinear."""
+    """Square side the (cropped) image is resized to (with `interpolation`)."""
     mean: list[float]
     """Per-channel mean of the training split; applied INSIDE the model (do not normalise again)."""
     std: list[float]
@@ -47,9 +47,11 @@ class Preprocess(_Strict):
     layout: Literal["NCHW"] = "NCHW"
     resize_mode: Resize = "stretch"
     """How the (cropped) image becomes the square: stretch | center_crop | pad (data.resize; preprocess.to_array)."""
+    interpolation: Interpolation = "bilinear"
+    """The resize's filter: bilinear | bicubic (what the pretrained weights were made with; data.interpolation)."""
 
     def framing(self) -> Framing:
-        return Framing(self.resize, self.roi_margin, self.crop, self.resize_mode)
+        return Framing(self.resize, self.roi_margin, self.crop, self.resize_mode, self.interpolation)
 
 
 class InputSpec(_Strict):

@@ -362,6 +362,7 @@ def build_manifest(
             std=[float(v) for v in payload["std"]],
             crop=prepared.crop,
             resize_mode=prepared.resize_mode,
+            interpolation=prepared.interpolation,
         ),
         input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
         output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),

@@ -446,6 +446,8 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                 "framing": {
                     "crop_left_top_right_bottom": list(model.framing.crop),
                     "resize": s,
+                    "resize_mode": model.framing.resize,
+                    "interpolation": model.framing.interpolation,
                     "roi_margin_with_box": model.framing.roi_margin,
                 },
                 "classes": model.classes,

@@ -35,7 +35,7 @@ from pipeline.data import gtsrb
 from pipeline.data.decode import decoded
 from pipeline.data.listing import Listing, SignFile, list_csv, list_folder
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Crop, Framing
+from pipeline.preprocess import NO_CROP, Crop, Framing, Interpolation
 from pipeline.tracking import stage_run
 
 REPORT_DIR = REPORTS_DIR / "prepare"
@@ -182,7 +182,7 @@ def build_manifest(
     bad: list[tuple[str, str]],
     total: int,
     config: DataConfig,
-    crop: Crop = NO_CROP,
+    framing: Framing,
     test_originals: Sequence[Path] = (),
     classes: Sequence[str] = gtsrb.CLASS_NAMES,
     dataset: str = "GTSRB",
@@ -192,8 +192,8 @@ def build_manifest(
     return PreparedManifest(
         dataset=dataset,
         layout="images: uint8 [N, H, W, 3] RGB in .npy shards; labels: uint8 [N]",
-        image_size=config.image_size,
-        roi_margin=config.roi_margin,
+        image_size=framing.size,
+        roi_margin=framing.roi_margin,
         num_classes=len(classes),
         classes=list(classes),
         mean=mean,
@@ -203,9 +203,19 @@ def build_manifest(
         content_sha256=content_sha256,
         test_files=test_file_names(test_originals),
         framing=config.framing,
-        crop=crop,
-        resize_mode=config.resize,
+        crop=framing.crop,
+        resize_mode=framing.resize,
+        interpolation=framing.interpolation,
     )
+
+
+def interpolation(params: Params) -> Interpolation:
+    """data.interpolation, `auto` resolved: the filter model.name's pretrained weights were made with."""
+    if params.data.interpolation != "auto":
+        return params.data.interpolation
+    from pipeline.backbones import expected_interpolation  # torch and the model libraries: only for `auto`
+
+    return expected_interpolation(params.model.name)
 
 
 def test_file_names(paths: Sequence[Path]) -> list[str]:
@@ -272,8 +282,11 @@ def run(params: Params) -> None:
         for name, why in dropped[:20]:
             log(f"prepare: left out {name}: {why}")
         crop = served_crop(fit, config)
-        framing = Framing(config.image_size, config.roi_margin, crop, config.resize)
-        log(f"prepare: served framing: whole image less {crop} (left, top, right, bottom); train/val: {config.framing}")
+        framing = Framing(config.image_size, config.roi_margin, crop, config.resize, interpolation(params))
+        log(
+            f"prepare: served framing: whole image less {crop} (left, top, right, bottom), {framing.resize} to "
+            f"{framing.size} px, {framing.interpolation}; train/val: {config.framing}"
+        )
 
         stats: dict[str, prepared.SplitStats] = {}
         bad: list[tuple[str, str]] = []
@@ -307,7 +320,15 @@ def run(params: Params) -> None:
 
             # The test split's original files go along: evaluate measures what the server is sent (whole images).
             manifest = build_manifest(
-                stats, bad, total, config, crop, kept["test"], listing.classes, listing.dataset, writer.content_sha256
+                stats,
+                bad,
+                total,
+                config,
+                framing,
+                kept["test"],
+                listing.classes,
+                listing.dataset,
+                writer.content_sha256,
             )
             writer.finish(manifest, kept["test"])
         manifest = prepared.read_manifest(PREPARED_DIR)

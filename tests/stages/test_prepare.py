@@ -158,3 +158,29 @@ def test_shard_size_changes_how_it_is_stored_not_what_is_read(synthetic_gtsrb: P
     for split, arrays in single.items():
         again = _load(split)
         assert all(np.array_equal(arrays[key], again[key]) for key in arrays), split
+
+
+def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served_framing(
+    synthetic_gtsrb: Path, workdir: Path
+) -> None:
+    """data.interpolation: auto: timm's networks and torchvision's efficientnet_b0 were made with bicubic, resnet18
+    and our own networks with bilinear; the prepared arrays are made with it and the manifest's served framing
+    carries it (optimize copies that into what the server applies)."""
+    from pipeline.artifacts.prepared import read_manifest
+    from pipeline.config import parse_params
+    from pipeline.preprocess import Framing
+
+    def prepared_with(model: str, interpolation: str = "auto") -> tuple[Framing, np.ndarray]:
+        base = make_params(synthetic_gtsrb, image_size=24, interpolation=interpolation)
+        prepare.run(parse_params({**base.model_dump(mode="json"), "model": {"name": model}}))
+        return read_manifest(Path("data/prepared")).served_framing(), _load("test")["images"]
+
+    framings = {m: prepared_with(m) for m in ("signnet", "torchvision/resnet18", "torchvision/efficientnet_b0")}
+    assert {m: f.interpolation for m, (f, _) in framings.items()} == {
+        "signnet": "bilinear", "torchvision/resnet18": "bilinear", "torchvision/efficientnet_b0": "bicubic"
+    }  # fmt: skip
+    assert prepared_with("timm/mobilenetv3_small_050")[0].interpolation == "bicubic"
+    bilinear, bicubic = framings["torchvision/resnet18"][1], framings["torchvision/efficientnet_b0"][1]
+    assert bilinear.shape == bicubic.shape and not np.array_equal(bilinear, bicubic)  # the filter reached the pixels
+    chosen, pixels = prepared_with("torchvision/efficientnet_b0", "bilinear")  # an explicit choice wins
+    assert chosen.interpolation == "bilinear" and np.array_equal(pixels, bilinear)
