@@ -82,9 +82,9 @@ def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
             raise StageError(
                 f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: gtsrb with GTSRB_ROOT"
             )
-        test = read_split("test", PREPARED_DIR)
-        files = [encode(image, "png") for image in test.images[:limit]]
-        targets = test.labels[:limit].tolist()
+        test = read_split("test", PREPARED_DIR, head=limit)  # only what is sent is read
+        files = [encode(image, "png") for image in test.images]
+        targets = test.labels.tolist()
     else:
         from pipeline.data.gtsrb import read_test_split
         from pipeline.preprocess import BadImage, open_image

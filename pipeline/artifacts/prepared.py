@@ -26,7 +26,7 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,7 +60,48 @@ class SplitArrays:
 
     def model_input(self) -> np.ndarray:
         """float32 [N, 3, S, S] in [0, 1]: what every runtime's predict() takes."""
-        return np.ascontiguousarray(self.images.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(255)
+        return to_model_input(self.images)
+
+
+def to_model_input(images: np.ndarray) -> np.ndarray:
+    """uint8 [N, S, S, 3] -> float32 [N, 3, S, S] in [0, 1] (the server's own conversion, value for value)."""
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(255)
+
+
+class ModelInput:
+    """Images as every runtime's predict() takes them, one batch at a time: float32 [n, 3, S, S] in [0, 1] made
+    from uint8 rows [N, S, S, 3] (a split's shards, or the original test files decoded once into a scratch file:
+    pipeline/served.py), labels in memory. What evaluate, optimize and benchmark hold is one batch, not the
+    split: 20,000 images at 224 px would be 12 GB as float32."""
+
+    def __init__(self, rows: Callable[[int, int], np.ndarray], labels: np.ndarray) -> None:
+        self._rows = rows  # (start, stop) -> uint8 [stop - start, S, S, 3]
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    @classmethod
+    def of_split(
+        cls, split: str, prepared: Path | Files = PREPARED_DIR, *, image_size: int | None = None
+    ) -> ModelInput:
+        """A prepared split, its shards checked against the manifest's SHA-256 first (as read_split does)."""
+        reader = SplitReader(split, prepared, image_size=image_size)
+        reader.verify()
+        return cls(reader.read, reader.labels)
+
+    @classmethod
+    def of_rows(cls, images: np.ndarray, labels: np.ndarray) -> ModelInput:
+        """uint8 [N, S, S, 3] rows already at hand (or memory-mapped)."""
+        return cls(lambda start, stop: np.asarray(images[start:stop]), labels)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def head(self, count: int) -> np.ndarray:
+        """The first `count` images (all of them when fewer)."""
+        return to_model_input(self._rows(0, min(count, len(self))))
+
+    def batches(self, size: int) -> Iterator[np.ndarray]:
+        for start in range(0, len(self), size):
+            yield to_model_input(self._rows(start, min(start + size, len(self))))
 
 
 class _Record(BaseModel):
@@ -576,12 +617,16 @@ def read_split(
     image_size: int | None = None,
     limit: int | None = None,
     seed: int = 0,
+    head: int | None = None,
 ) -> SplitArrays:
     """One split's arrays in memory, checked (uint8 [N, S, S, 3], N labels; S = `image_size` when given). With
-    `limit`, a seeded random subset of that many images (in their original order), read alone. For the small
-    splits and subsets; the training loader streams the training split through SplitReader."""
+    `limit`, a seeded random subset of that many images (in their original order), read alone; with `head`, the
+    first that many. For the small splits and subsets; the training loader streams the training split through
+    SplitReader, evaluate, optimize and benchmark read theirs a batch at a time (ModelInput)."""
     reader = SplitReader(split, prepared, image_size=image_size)
     try:
+        if head is not None and head < len(reader):
+            return SplitArrays(reader.read(0, head), reader.labels[:head], reader.tracks[:head])
         if limit is not None and limit < len(reader):
             pick = np.sort(np.random.default_rng(seed).choice(len(reader), size=limit, replace=False))
             return SplitArrays(reader.take(pick), reader.labels[pick], reader.tracks[pick])

@@ -30,7 +30,7 @@ from torch import nn
 
 from pipeline import console, nets
 from pipeline.artifacts import model as model_file
-from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_split
+from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, PreparedManifest, read_split
 from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Preprocess, Variant
 from pipeline.checksum import sha256_of
 from pipeline.config import OptimizeConfig, Params
@@ -38,36 +38,39 @@ from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
 from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file
-from pipeline.served import served_test_inputs
+from pipeline.served import served_test_input
 
 TORCH_RUNTIMES = [TORCH_EAGER, TORCH_COMPILE]
 
 
-@dataclass(frozen=True)
-class Images:
-    images: np.ndarray  # float32 [N, 3, S, S] in [0, 1]
-    labels: np.ndarray  # int64 [N]
-
-
-def load_images(split: str, image_size: int, limit: int | None = None, seed: int = 0) -> Images:
-    """A prepared split as model input; with `limit`, a seeded random subset of that many images."""
-    arrays = read_split(split, PREPARED_DIR, image_size=image_size, limit=limit, seed=seed)
-    if len(arrays) == 0:
+def load_images(split: str, image_size: int) -> ModelInput:
+    """A prepared split as model input, read a batch at a time."""
+    images = ModelInput.of_split(split, PREPARED_DIR, image_size=image_size)
+    if len(images) == 0:
         raise StageError(f"{PREPARED_DIR / split} holds no images; rerun `pipeline prepare`")
-    return Images(arrays.model_input(), arrays.labels.astype(np.int64))
+    return images
 
 
-def held_out_validation(params: Params, prepared: PreparedManifest) -> Images | None:
+def calibration_images(image_size: int, count: int, seed: int) -> np.ndarray:
+    """A seeded random subset of the training split, in memory (a few hundred images), as model input."""
+    arrays = read_split("train", PREPARED_DIR, image_size=image_size, limit=count, seed=seed)
+    if len(arrays) == 0:
+        raise StageError(f"{PREPARED_DIR / 'train'} holds no images; rerun `pipeline prepare`")
+    return arrays.model_input()
+
+
+def held_out_validation(params: Params, prepared: PreparedManifest) -> ModelInput | None:
     """The validation split when it joins the gate (the module's docstring): held out from training
     (`train.train_on_val: false`) and framed as served; else None."""
     if params.train.train_on_val or prepared.framing != "served":
         return None
-    val = read_split("val", PREPARED_DIR, image_size=prepared.image_size)
-    return Images(val.model_input(), val.labels.astype(np.int64)) if len(val) else None
+    val = ModelInput.of_split("val", PREPARED_DIR, image_size=prepared.image_size)
+    return val if len(val) else None
 
 
-def predict_all(runtime: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
-    return np.concatenate([runtime.predict(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
+def predict_all(runtime: Any, images: ModelInput, batch_size: int) -> np.ndarray:
+    """[N, C] logits, the images read and converted a batch at a time."""
+    return np.concatenate([runtime.predict(batch) for batch in images.batches(batch_size)])
 
 
 @dataclass
@@ -94,11 +97,8 @@ class Optimizer:
         self.staging = staging
         self.image_size = prepared.image_size
         self.test = load_images("test", self.image_size)
-        self.calibration = load_images(
-            "train", self.image_size, limit=self.cfg.calibration_images, seed=self.cfg.seed
-        ).images
-        served = served_test_inputs()  # what users send, as the server decodes it
-        self.served = None if served is None else Images(*served)
+        self.calibration = calibration_images(self.image_size, self.cfg.calibration_images, self.cfg.seed)
+        self.served = served_test_input()  # what users send, as the server decodes it
         self.gate_val = None if self.served is None else held_out_validation(params, prepared)
         self.results: list[Variant] = []
         self.baseline: float | None = None
@@ -120,18 +120,18 @@ class Optimizer:
         )
         runtime = open_file(self.staging / c.file, info, self.image_size, backend)
         start = time.perf_counter()
-        logits = predict_all(runtime, self.test.images, self.cfg.batch_size)
+        logits = predict_all(runtime, self.test, self.cfg.batch_size)
         seconds = time.perf_counter() - start
         accuracy = float((logits.argmax(1) == self.test.labels).mean())
         if self.served is not None:  # what users send: the original files, whole, as the server decodes them
-            served_logits = predict_all(runtime, self.served.images, self.cfg.batch_size)
+            served_logits = predict_all(runtime, self.served, self.cfg.batch_size)
             served_predicted = served_logits.argmax(1)
             hits = served_predicted == self.served.labels
             c.details["served_accuracy"] = float(hits.mean())
             c.details["served_predicted"] = served_predicted.astype(int).tolist()
             correct, images = int(hits.sum()), len(hits)
             if self.gate_val is not None:
-                val_predicted = predict_all(runtime, self.gate_val.images, self.cfg.batch_size).argmax(1)
+                val_predicted = predict_all(runtime, self.gate_val, self.cfg.batch_size).argmax(1)
                 val_correct = int((val_predicted == self.gate_val.labels).sum())
                 c.details["val_accuracy"] = val_correct / len(self.gate_val.labels)
                 correct, images = correct + val_correct, images + len(self.gate_val.labels)

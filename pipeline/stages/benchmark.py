@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, benchmark_report
 from pipeline.artifacts import serving as serving_file
-from pipeline.artifacts.prepared import MANIFEST_FILE, PREPARED_DIR, read_split
+from pipeline.artifacts.prepared import MANIFEST_FILE, PREPARED_DIR, ModelInput, read_split
 from pipeline.config import BenchmarkConfig, Params
 from pipeline.console import Steps, log
 from pipeline.errors import StageError
@@ -208,8 +208,9 @@ def measure(setup: Setup, config: BenchmarkConfig) -> dict[str, float]:
             torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
     from pipeline.runtimes import open_runtime
 
-    test = read_split("test")
-    images, labels = test.model_input(), test.labels.astype(np.int64)
+    test = ModelInput.of_split("test")
+    # The timing loops cycle through a sample in memory; the accuracy below reads the split a batch at a time.
+    images, labels = test.head(max(256, *config.batch_sizes)), test.labels
 
     started = time.perf_counter()
     runtime = open_runtime(MODELS_DIR, setup.variant, backend=setup.backend, threads=setup.threads or None)
@@ -235,8 +236,8 @@ def measure(setup: Setup, config: BenchmarkConfig) -> dict[str, float]:
         metrics[f"throughput_b{size}"] = _throughput(runtime.predict, batch, config.min_seconds, 3)
 
     correct = 0
-    for start in range(0, len(images), 256):
-        logits = runtime.predict(images[start : start + 256])
+    for start, batch in zip(range(0, len(test), 256), test.batches(256), strict=True):
+        logits = runtime.predict(batch)
         correct += int((logits.argmax(axis=1) == labels[start : start + 256]).sum())
     metrics["accuracy"] = correct / len(labels)
     metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -389,7 +390,7 @@ def choose(
 def profile(setup: Setup, manifest: Any, out: Path) -> None:
     """Operator-level profile of the chosen setup: ONNX Runtime's profiler or torch.profiler."""
 
-    batch = read_split("test").model_input()[:32]
+    batch = read_split("test", head=32).model_input()
     variant = next(v for v in manifest.variants if v.name == setup.variant)
     if setup.backend == "onnxruntime":
         import onnxruntime as ort

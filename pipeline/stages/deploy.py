@@ -35,10 +35,8 @@ REPORT_DIR = REPORTS_DIR / "deploy"
 
 
 def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    test = read_split("test", PREPARED_DIR)
+    test = read_split("test", PREPARED_DIR, head=limit or None)  # only what is sent is read
     images, labels = test.images, test.labels.astype(np.int64)
-    if limit:
-        images, labels = images[:limit], labels[:limit]
     if not len(images):
         raise StageError(f"{PREPARED_DIR / 'test'} holds no test images")
     return images, labels

@@ -28,48 +28,35 @@ from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, drift_reference
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
-from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest, read_split, read_test_files
-from pipeline.client import fp32_tensor
+from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, read_manifest, read_test_files
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.metrics import compute_metrics
-from pipeline.served import served_test_inputs
+from pipeline.served import served_test_input
 from pipeline.tracking import stage_run
 
 EVAL_REPORTS = REPORTS_DIR / "evaluate"
 
 
-def predict(model: Any, images: Any, batch_size: int) -> np.ndarray:
-    """Class ids for uint8 NCHW images, in batches."""
-    import torch
-
-    from pipeline.data.loader import to_float
-
-    out = []
-    with torch.no_grad():
-        for start in range(0, images.shape[0], batch_size):
-            out.append(model(to_float(images[start : start + batch_size])).argmax(1).numpy())
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
-def classes_of(logits: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
-    """Class ids of float32 [N,3,S,S] images, in batches: `logits` is the shipped model as the server runs it
-    (ServedModel.probabilities) or the trained torch model (`torch_logits`)."""
-    out = [logits(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
-    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+def classify(
+    images: ModelInput, shipped: Any, trained: Any, batch_size: int, counts: Any | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the shipped model's, the trained model's) class ids of every image, a batch at a time (memory: one
+    batch): `shipped` is the model as the server runs it (ServedModel), `trained` a numpy function (torch_logits).
+    The images and the shipped model's outputs go into the drift `counts` (drift.SignalCounts) when given."""
+    shipped_ids, trained_ids = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    for batch in images.batches(batch_size):
+        probabilities = shipped.probabilities(batch)
+        shipped_ids.append(probabilities.argmax(1).astype(np.int64))
+        trained_ids.append(trained(batch).argmax(1).astype(np.int64))
+        if counts is not None:
+            counts.add_images(batch)
+            counts.add_outputs(probabilities)
+    return np.concatenate(shipped_ids), np.concatenate(trained_ids)
 
 
-def probabilities_of(shipped: Any, images: np.ndarray, batch_size: int) -> np.ndarray:
-    """The shipped model's [N, C] probabilities, as the server computes them (ServedModel.probabilities)."""
-    out = [shipped.probabilities(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
-    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
-
-
-def write_drift_reference(
-    variant: str, version: str, classes: list[str], images: np.ndarray, probabilities: np.ndarray, files: bool = True
-) -> None:
-    """The drift signals on the original test files (else the prepared crops), as the server counts them
-    (pipeline/drift.py)."""
+def drift_counts(classes: list[str], images: ModelInput, files: bool) -> Any:
+    """drift.SignalCounts with the image sizes: the original test files' (else the prepared crops')."""
     from PIL import Image
 
     from pipeline import drift
@@ -79,12 +66,18 @@ def write_drift_reference(
     for original in read_test_files(PREPARED_DIR) if files else []:
         with Image.open(original.path) as image:
             sizes.append(image.size)
-    counts.add_sizes(sizes or [(images.shape[-1], images.shape[-2])] * len(images))
-    counts.add_images(images)
-    counts.add_outputs(probabilities)
+    side = read_manifest(PREPARED_DIR).image_size
+    counts.add_sizes(sizes or [(side, side)] * len(images))
+    return counts
+
+
+def write_drift_reference(variant: str, version: str, counts: Any, images: int, files: bool) -> None:
+    """The drift signals on the original test files (else the prepared crops), as the server counts them
+    (pipeline/drift.py)."""
+    from pipeline import drift
+
     what = "original test files through the server's decoding" if files else "prepared test crops (no original files)"
-    source = f"{len(images)} {what}"
-    drift_reference.write(drift.to_reference(counts, variant, version, source))
+    drift_reference.write(drift.to_reference(counts, variant, version, f"{images} {what}"))
 
 
 def torch_logits(model: Any) -> Any:
@@ -176,8 +169,6 @@ def open_shipped(params: Params) -> Any:
 def run(params: Params) -> None:
     import torch
 
-    from pipeline.data.loader import Split
-
     cfg = params.evaluate
     model, payload = model_file.read()
     manifest = read_manifest(PREPARED_DIR)
@@ -192,24 +183,26 @@ def run(params: Params) -> None:
             f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
             f"{manifest.image_size} px: rerun `pipeline optimize`"
         )
-    arrays = read_split("test", PREPARED_DIR)
-    test = Split.of(arrays)
+    test = ModelInput.of_split("test", PREPARED_DIR)
+    labels = test.labels
     classes = list(payload.get("classes") or manifest.classes)
-    if len(test) and int(test.labels.max()) >= len(classes):
+    if len(test) and int(labels.max()) >= len(classes):
         raise StageError(f"{PREPARED_DIR / 'test'} has labels beyond the model's {len(classes)} classes")
     tags = {"evaluate": cfg.model_dump(), "model": payload["arch"], "variant": shipped.variant}
     with stage_run("evaluate", params, tags) as mlrun:
         mlrun.set_tags({"torch": torch.__version__, "variant": shipped.variant, "model_version": shipped.version})
-        labels = test.labels.numpy()
-        originals = served_test_inputs(PREPARED_DIR)
-        # The shipped file: the prepared crops as deploy's FP32 tensors, and the original files as the server decodes
-        roi = classes_of(shipped.probabilities, fp32_tensor(arrays.images), cfg.batch_size)
-        served_probabilities = None if originals is None else probabilities_of(shipped, originals[0], cfg.batch_size)
-        served = None if served_probabilities is None else served_probabilities.argmax(1).astype(np.int64)
+        trained_logits = torch_logits(model)
+        # The shipped file as the server runs it, and the trained model beside it: on the prepared crops (deploy's
+        # FP32 tensors), and on the original files as the server decodes them (what the drift reference counts).
+        originals = served_test_input(PREPARED_DIR, cfg.batch_size)
+        counts = drift_counts(classes, originals or test, originals is not None)
+        roi, trained_roi = classify(
+            test, shipped, trained_logits, cfg.batch_size, counts if originals is None else None
+        )
+        served, trained = (None, trained_roi) if originals is None else classify(
+            originals, shipped, trained_logits, cfg.batch_size, counts
+        )  # fmt: skip
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
-        # The trained model on the same inputs, beside it.
-        trained_roi = predict(model, test.images, cfg.batch_size)
-        trained = trained_roi if originals is None else classes_of(torch_logits(model), originals[0], cfg.batch_size)
         metrics = {
             "variant": shipped.variant,
             "model_version": shipped.version,
@@ -219,18 +212,7 @@ def run(params: Params) -> None:
             "trained_errors": int((trained != labels).sum()),
         }
         write_reports(labels, roi if served is None else served, metrics, classes)
-        if originals is not None and served_probabilities is not None:
-            write_drift_reference(shipped.variant, shipped.version, classes, originals[0], served_probabilities)
-        else:  # prepared data without original files (older, or a test's fake): the crops, as tensors
-            crops = fp32_tensor(arrays.images)
-            write_drift_reference(
-                shipped.variant,
-                shipped.version,
-                classes,
-                crops,
-                probabilities_of(shipped, crops, cfg.batch_size),
-                False,
-            )
+        write_drift_reference(shipped.variant, shipped.version, counts, len(test), originals is not None)
         predictions_file.write(
             predictions_file.Predictions(
                 variant=shipped.variant,
