@@ -393,6 +393,24 @@ async def httpx_load(
     }
 
 
+def model_alone(models: Path, variant: str, threads: int, batch: np.ndarray) -> Callable[[float], float]:
+    """img/s of the variant alone at the batch's size, in this process, as the benchmark stage measures it (ONNX
+    Runtime, `threads` intra-op threads, 0 = all cores): what serving is compared with (the servers idle)."""
+    from pipeline.runtimes import open_runtime
+
+    runtime = open_runtime(models, variant, backend="onnxruntime", threads=threads or None)
+    runtime.predict(batch)
+
+    def measure(seconds: float) -> float:
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            runtime.predict(batch)
+            done += len(batch)
+        return done / (time.perf_counter() - started)
+
+    return measure
+
+
 def machine_facts(wrk: str | None) -> dict[str, Any]:
     import onnxruntime
     import torch
@@ -483,8 +501,17 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"({s.key}) {s.name}: ready; top-1 on 100 test images "
                       f"{accuracy(s, ports[s.key], images[:100]):.2f}", flush=True)  # fmt: skip
             scripts = {s.key: wrk_script(s, files, work) for s in chosen}
+            alone = model_alone(
+                args.models, args.variant, args.threads, read_split("test", args.prepared, head=32).model_input()
+            )
+            alone_rounds: list[float] = []
             load_before = os.getloadavg()
             for round_ in range(args.rounds):
+                alone_rounds.append(alone(args.seconds))
+                print(
+                    f"round {round_ + 1} {args.variant} alone, b32 (no server): {alone_rounds[-1]:.1f} img/s",
+                    flush=True,
+                )
                 for c in args.concurrency:
                     for s in chosen:
                         pid = processes[s.key].pid
@@ -523,15 +550,22 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.seconds:g} s per cell; {args.rounds} round(s)")  # fmt: skip
     for s in chosen:
         print(f"({s.key}) {s.name}: {s.description}")
-    print("\n| setup | concurrency | req/s | p50 ms | p99 ms | errors | vs (c) | (a) vs (b) | server CPU ms/req |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    best_alone = float(np.median(alone_rounds))
+    print(
+        f"{args.variant} alone at b32 (the benchmark stage's figure, measured here each round): {best_alone:,.1f} img/s"
+    )
+    print(
+        "\n| setup | concurrency | req/s | p50 ms | p99 ms | errors | vs (c) | (a) vs (b) | served / model alone b32 | server CPU ms/req |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in chosen:
         for c in args.concurrency:
             r = table[s.key][c]
             ratio = f"{r['req_per_s'] / table['c'][c]['req_per_s']:.2f}x" if "c" in table else ""
             ab = f"{r['req_per_s'] / table['b'][c]['req_per_s']:.2f}x" if s.key == "a" and "b" in table else ""
+            served = f"{r['req_per_s'] / best_alone:.0%}" if s.key in "abd" else ""  # one image per request
             print(f"| ({s.key}) {s.name} | {c} | {r['req_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                  f"{int(r['errors'])} | {ratio} | {ab} | {r['server_cpu_ms_per_req']:.2f} |")  # fmt: skip
+                  f"{int(r['errors'])} | {ratio} | {ab} | {served} | {r['server_cpu_ms_per_req']:.2f} |")  # fmt: skip
     if args.rounds > 1:
         spread = {
             f"({k}) c={c}": ", ".join(f"{v:.0f}" for v in cast(list[float], table[k][c]["req_per_s_rounds"]))
@@ -546,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
             "args": {k: str(v) for k, v in vars(args).items()},
             "setups": {s.key: {"name": s.name, "description": s.description} for s in chosen},
             "results": {k: {str(c): v for c, v in by_c.items()} for k, by_c in table.items()},
+            "model_alone_b32_img_per_s": {"median": best_alone, "rounds": alone_rounds},
         }
         args.json.write_text(json.dumps(report, indent=2))
 
