@@ -49,6 +49,10 @@ class DataConfig(Section):
     """The resize's filter, the same in prepare, evaluate, predict and the server. `auto`: what the architecture's
     pretrained weights were made with (torchvision's `weights.transforms()`, timm's `pretrained_cfg`: bicubic for
     efficientnet_b0 and timm's networks), bilinear for signnet / trafficsignnet."""
+    reduced_jpeg_decode: bool = False
+    """Decode a JPEG at least twice as large as `image_size` at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT
+    scaling), never below it, in prepare and the server alike: a phone's 12-megapixel photo decodes many times
+    faster. Off by default: the pixels differ a little from a full decode's (docs/serving.md measures both)."""
     roi_margin: float = Field(0.1, ge=0.0, le=1.0)
     """Margin around the sign, as a fraction of its box on each side: what `framing: roi` crops, and what
     `crop: auto` leaves around the sign of an average whole image."""

@@ -191,3 +191,40 @@ def test_pngs_decoded_by_libspng_give_the_model_pil_s_input_byte_for_byte(
     with pytest.raises(BadRequest) as pil_error:
         decode_images([(truncated, None)], framing, 4096 * 4096)
     assert str(fast_error.value) == str(pil_error.value)
+
+
+def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_the_same_in_prepare_and_the_server(
+    tmp_path: Path,
+) -> None:
+    """A 1000 x 750 photo for a 64 px model: decoded at 1/8 (125 x 94, still larger than what the framing keeps),
+    at 1/4 for a 100 px centre crop,
+    the same pixels from prepare's reader and the server's decoder, close to a full decode's; with a box, or when
+    the photo is not twice the output, the full decode as before."""
+    from pipeline.data.decode import decoded
+    from pipeline.data.listing import SignFile
+    from pipeline.preprocess import Framing, peek_image
+    from pipeline.serve.protocol import decode_images
+
+    y, x = np.mgrid[0:750, 0:1000]
+    pixels = np.stack([x * 255 // 999, y * 255 // 749, (x + y) * 255 // 1748], axis=-1).astype(np.uint8)
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(pixels).save(path, quality=95)
+    # pad fits the longer side (1000 -> 125 >= 64), center_crop the shorter (750 -> 94 < 100: 1/4, 188)
+    for size, resize, expected in ((64, "pad", (125, 94)), (100, "center_crop", (250, 188))):
+        framing = Framing(size, resize=resize, reduced_jpeg_decode=True)
+        with peek_image(path.read_bytes()) as image:
+            reduced = framing.decode(image)
+            assert image.size == expected, (resize, image.size)
+        full = framing.array(open_image(str(path)))
+        assert np.abs(reduced.astype(int) - full.astype(int)).mean() < 2.0, resize  # a close picture of the same
+        (prepared,) = decoded([SignFile(path, 0, None, -1)], framing, use_box=False, workers=1)
+        served = decode_images([(path.read_bytes(), None)], framing, 4096 * 4096)[0]
+        assert np.array_equal(prepared, reduced)
+        assert np.array_equal(np.round(served * 255).astype(np.uint8).transpose(1, 2, 0), reduced)
+    cases = {"a box (its corners are full-size pixels)": (Framing(64, reduced_jpeg_decode=True), (100, 100, 899, 649)),
+             "1000 px for a 512 px output": (Framing(512, resize="pad", reduced_jpeg_decode=True), None),
+             "off (the default)": (Framing(64), None)}  # fmt: skip
+    for why, (framing, box) in cases.items():
+        with peek_image(path.read_bytes()) as image:
+            framing.decode(image, box)
+            assert image.size == (1000, 750), why

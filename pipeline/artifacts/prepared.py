@@ -158,10 +158,14 @@ class PreparedManifest(_Record):
     """How the image becomes a square (data.resize): stretch | center_crop | pad."""
     interpolation: Interpolation = "bilinear"
     """The resize's filter (data.interpolation, `auto` resolved from model.name's pretrained weights)."""
+    reduced_jpeg_decode: bool = False
+    """Large JPEGs decoded at a fraction of their size (data.reduced_jpeg_decode)."""
 
     def served_framing(self) -> Framing:
         """How the server turns a file into this data's model input (optimize copies it into models/manifest)."""
-        return Framing(self.image_size, self.roi_margin, self.crop, self.resize_mode, self.interpolation)
+        return Framing(
+            self.image_size, self.roi_margin, self.crop, self.resize_mode, self.interpolation, self.reduced_jpeg_decode
+        )
 
 
 def content_sha256(arrays: dict[str, SplitArrays]) -> str:

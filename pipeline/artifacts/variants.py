@@ -50,8 +50,13 @@ class Preprocess(_Strict):
     interpolation: Interpolation = "bilinear"
     """The resize's filter: bilinear | bicubic (what the pretrained weights were made with; data.interpolation)."""
 
+    reduced_jpeg_decode: bool = False
+    """Large JPEGs decoded at 1/2, 1/4 or 1/8 of their size, never below `resize` (data.reduced_jpeg_decode)."""
+
     def framing(self) -> Framing:
-        return Framing(self.resize, self.roi_margin, self.crop, self.resize_mode, self.interpolation)
+        return Framing(
+            self.resize, self.roi_margin, self.crop, self.resize_mode, self.interpolation, self.reduced_jpeg_decode
+        )
 
 
 class InputSpec(_Strict):

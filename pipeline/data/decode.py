@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from pipeline.data.listing import SignFile
-from pipeline.preprocess import BadImage, Framing, open_image
+from pipeline.preprocess import BadImage, Framing, peek_image
 
 CHUNK = 64  # files per task: amortises the round trip (~0.1 ms) over many decodes
 
@@ -29,7 +29,9 @@ def _decode_chunk(files: Sequence[SignFile], framing: Framing, use_box: bool) ->
     out: list[np.ndarray | str] = []
     for file in files:
         try:
-            out.append(framing.array(open_image(str(file.path)), file.box if use_box else None))
+            box = file.box if use_box else None
+            with peek_image(str(file.path)) as image:
+                out.append(framing.decode(image, box))
         except BadImage as exc:
             out.append(str(exc))
     return out

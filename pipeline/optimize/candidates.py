@@ -363,6 +363,7 @@ def build_manifest(
             crop=prepared.crop,
             resize_mode=prepared.resize_mode,
             interpolation=prepared.interpolation,
+            reduced_jpeg_decode=prepared.reduced_jpeg_decode,
         ),
         input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
         output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),

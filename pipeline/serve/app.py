@@ -448,6 +448,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
                     "resize": s,
                     "resize_mode": model.framing.resize,
                     "interpolation": model.framing.interpolation,
+                    "reduced_jpeg_decode": model.framing.reduced_jpeg_decode,
                     "roi_margin_with_box": model.framing.roi_margin,
                 },
                 "classes": model.classes,

@@ -15,7 +15,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from python_multipart.multipart import parse_options_header
 
-from pipeline.preprocess import BadImage, Box, Framing, load_image, peek_image
+from pipeline.preprocess import BadImage, Box, Framing, peek_image
 
 BINARY_HEADER = "inference-header-content-length"
 MAX_DIMENSION = 1 << 20  # any one tensor dimension; the real limits (batch, image side) are checked after
@@ -229,7 +229,7 @@ def decode_opened(opened: list[tuple[Image.Image, Box | None]], framing: Framing
     out = np.empty((len(opened), 3, framing.size, framing.size), dtype=np.float32)
     for i, (image, box) in enumerate(opened):
         try:
-            pixels = framing.array(load_image(image), box)
+            pixels = framing.decode(image, box)
         except BadImage as exc:
             raise BadRequest(f"image {i}: {exc}") from None
         finally:

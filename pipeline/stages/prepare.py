@@ -206,6 +206,7 @@ def build_manifest(
         crop=framing.crop,
         resize_mode=framing.resize,
         interpolation=framing.interpolation,
+        reduced_jpeg_decode=framing.reduced_jpeg_decode,
     )
 
 
@@ -282,7 +283,9 @@ def run(params: Params) -> None:
         for name, why in dropped[:20]:
             log(f"prepare: left out {name}: {why}")
         crop = served_crop(fit, config)
-        framing = Framing(config.image_size, config.roi_margin, crop, config.resize, interpolation(params))
+        framing = Framing(
+            config.image_size, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode
+        )
         log(
             f"prepare: served framing: whole image less {crop} (left, top, right, bottom), {framing.resize} to "
             f"{framing.size} px, {framing.interpolation}; train/val: {config.framing}"

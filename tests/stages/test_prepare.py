@@ -184,3 +184,6 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     assert bilinear.shape == bicubic.shape and not np.array_equal(bilinear, bicubic)  # the filter reached the pixels
     chosen, pixels = prepared_with("torchvision/efficientnet_b0", "bilinear")  # an explicit choice wins
     assert chosen.interpolation == "bilinear" and np.array_equal(pixels, bilinear)
+    assert not chosen.reduced_jpeg_decode
+    prepare.run(make_params(synthetic_gtsrb, image_size=24, reduced_jpeg_decode=True))
+    assert read_manifest(Path("data/prepared")).served_framing().reduced_jpeg_decode
