@@ -281,7 +281,7 @@ def bench_scale_folder(ctx: typer.Context) -> None:
 
 @bench.command("decode", context_settings=PASS_THROUGH)
 def bench_decode(ctx: typer.Context) -> None:
-    """The server's PNG decode per image: libspng against PIL, side by side (pipeline/bench/decode.py)."""
+    """The server's decode per image, side by side: PNG libspng vs PIL, or JPEG full vs reduced (pipeline/bench/decode.py)."""
     _tool("pipeline.bench.decode", ctx)
 
 
