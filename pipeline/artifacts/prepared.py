@@ -87,11 +87,6 @@ class ModelInput:
         reader.verify()
         return cls(reader.read, reader.labels)
 
-    @classmethod
-    def of_rows(cls, images: np.ndarray, labels: np.ndarray) -> ModelInput:
-        """uint8 [N, S, S, 3] rows already at hand (or memory-mapped)."""
-        return cls(lambda start, stop: np.asarray(images[start:stop]), labels)
-
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
