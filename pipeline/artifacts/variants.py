@@ -71,6 +71,7 @@ class Parity(_Strict):
 
     reference: str
     max_abs_diff: float
+    max_rel_diff: float | None = None  # absent in manifests written before the scale-aware bound
     top1_agreement: float
     passed: bool
 

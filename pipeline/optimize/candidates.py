@@ -165,17 +165,19 @@ class Optimizer:
                     logits,
                     self.cfg.parity_max_abs_diff,
                     self.cfg.parity_min_top1_agreement,
+                    self.cfg.parity_max_rel_diff,
                 )
                 parity_entry = Parity(
                     reference=c.source,
                     max_abs_diff=p.max_abs_diff,
+                    max_rel_diff=p.max_rel_diff,
                     top1_agreement=p.top1_agreement,
                     passed=p.passed,
                 )
                 if not p.passed:
                     reasons.append(
                         f"parity with {c.source} failed (max |diff| {p.max_abs_diff:.2e}, "
-                        f"top-1 agreement {p.top1_agreement:.4f})"
+                        f"{p.max_rel_diff:.2e} of the image's largest logit, top-1 agreement {p.top1_agreement:.4f})"
                     )
         accepted = made and not reasons
         variant = Variant(
@@ -384,11 +386,14 @@ def markdown_table(manifest: ModelManifest) -> str:
         f"{100 * manifest.max_accuracy_drop:.2f} points of it.",
         "",
         "| variant | format | top-1 (ROI crops) | served top-1 (test files, whole) | gate top-1 | drop (points) "
-        "| file size | parameters | parity (max abs diff / top-1 agreement) | shipped |",
+        "| file size | parameters | parity (max abs diff / relative / top-1 agreement) | shipped |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for v in manifest.variants:
-        parity = f"{v.parity.max_abs_diff:.2e} / {v.parity.top1_agreement:.4f}" if v.parity else "-"
+        parity = "-"
+        if v.parity:
+            rel = "-" if v.parity.max_rel_diff is None else f"{v.parity.max_rel_diff:.2e}"
+            parity = f"{v.parity.max_abs_diff:.2e} / {rel} / {v.parity.top1_agreement:.4f}"
         shipped = "yes" if v.accepted else f"no: {v.reason}"
         gated = v.details.get("gate_accuracy")
         lines.append(

@@ -17,6 +17,7 @@ OUTPUT_NAME = "logits"
 @dataclass(frozen=True)
 class ParityResult:
     max_abs_diff: float
+    max_rel_diff: float  # each image's largest |diff| over its largest |logit|, the worst image
     top1_agreement: float
     passed: bool
 
@@ -43,8 +44,20 @@ def export_onnx(model: nn.Module, path: Path, image_size: int) -> Path:
 
 
 def parity(
-    reference: np.ndarray, candidate: np.ndarray, max_abs_diff: float, min_top1_agreement: float
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    max_abs_diff: float,
+    min_top1_agreement: float,
+    max_rel_diff: float = 0.0,
 ) -> ParityResult:
-    diff = float(np.abs(reference.astype(np.float64) - candidate.astype(np.float64)).max())
+    """Each image's logits within `max_abs_diff`, or within `max_rel_diff` of that image's largest |logit| where
+    that is larger: fp32 rounding grows with the activations' scale (an efficientnet_b0 after one epoch has
+    logits up to 334, and ONNX Runtime's kernels differ from oneDNN's by 4e-3 there: 1.3e-5 of the scale)."""
+    ref = reference.astype(np.float64)
+    diff = np.abs(ref - candidate.astype(np.float64)).max(axis=1)
+    scale = np.abs(ref).max(axis=1)
+    allowed = np.maximum(max_abs_diff, max_rel_diff * scale)
+    rel = float((diff / np.maximum(scale, np.finfo(np.float64).tiny)).max())
     agree = float((reference.argmax(1) == candidate.argmax(1)).mean())
-    return ParityResult(diff, agree, diff <= max_abs_diff and agree >= min_top1_agreement)
+    passed = bool((diff <= allowed).all()) and agree >= min_top1_agreement
+    return ParityResult(float(diff.max()), rel, agree, passed)

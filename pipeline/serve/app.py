@@ -7,7 +7,9 @@ the dynamic batcher; the queue is bounded (503 + Retry-After) and each request h
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +20,6 @@ import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
@@ -27,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pipeline import drift
 from pipeline.config import ServeConfig
 from pipeline.preprocess import Box
-from pipeline.serve.access import RequestContext, flush_access_log
+from pipeline.serve.access import RequestContext, flush_access_log, log_request, request_id
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
 from pipeline.serve.model import ServedModel
 from pipeline.serve.protocol import (
@@ -229,40 +230,176 @@ class Observe:
             self.metrics.record(getattr(route, "path", "unmatched"), status, time.perf_counter() - started)
 
 
-class HotRoutes:
-    """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) straight to their
-    handlers: Starlette's router and exception middleware and FastAPI's request handling were a tenth of a
-    request's CPU (the profile in the README). Everything outside this middleware still applies (request ids,
-    auth, access log, metrics, body limit); the route is set on the scope as the router sets it (the metrics
-    label), and errors are the same JSON answers as the app's exception handlers give. Other methods and paths
-    go through the router as before (a GET on /v1/predict is its 405)."""
+Answer = tuple[bytes, bytes, list[tuple[bytes, bytes]]]
+"""A success: its body, content type and any further headers."""
+UNAUTHORIZED = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
+JSON_TYPE = b"application/json"
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
-    def __init__(self, app: ASGIApp, routes: list[APIRoute]) -> None:
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+class HotPath:
+    """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) as one flat ASGI
+    callable, outermost: request id, auth, body limit and deadline, metrics and the access log inline, the
+    answer sent as two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and
+    FastAPI's router and Request/Response objects were a quarter of a request's CPU (the profile in
+    docs/serving.md). Each protection gives the answer the stack gives: 401 (compared in constant time), 413 by
+    Content-Length and while streaming, 408 + close for a slow body (one timer for the whole body), 503 +
+    Retry-After, 504, JSON errors, the route's template as the metrics label. A multipart body the fast
+    splitter does not take (`protocol.multipart_files` None) and every other method and path go down the stack
+    as before: the body already read is replayed, under the same request id."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        predict: Any,
+        infer: Any,
+        metrics: Metrics,
+        token: str | None,
+        access_log: bool,
+        max_body_bytes: int,
+        body_timeout_s: float,
+    ) -> None:
         self.app = app
-        self.routes = routes  # filled once the routes are declared
+        self.predict = predict  # async (content type, body) -> Answer | None (None: the general parser's body)
+        self.infer = infer  # async (name, version | None, body, binary header | None, request id) -> Answer
+        self.metrics = metrics
+        self.token = f"Bearer {token}".encode() if token else None
+        self.access_log = access_log
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.too_large = BodyTooLarge(max_body_bytes).detail
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            for route in self.routes:
-                match = route.path_regex.match(path)
-                if match is not None:
-                    params = match.groupdict()
-                    scope["route"], scope["path_params"] = route, params
-                    response = await self.answer(route, params, Request(scope, receive))
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-    @staticmethod
-    async def answer(route: APIRoute, params: dict[str, str], request: Request) -> Response:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path == "/v1/predict":
+            label, match = "/v1/predict", None
+        else:
+            match = _INFER_PATH.fullmatch(path)
+            if match is None:
+                await self.app(scope, receive, send)
+                return
+            label = (
+                "/v2/models/{name}/infer" if match["version"] is None else "/v2/models/{name}/versions/{version}/infer"
+            )
+        started = time.perf_counter()
+        given = authorization = content_type = binary = b""
+        length = -1
+        for key, value in scope["headers"]:
+            if key == b"content-type":
+                content_type = value
+            elif key == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif key == b"x-request-id":
+                given = value
+            elif key == b"authorization":
+                authorization = value
+            elif key == b"inference-header-content-length":
+                binary = value
+        rid = request_id(given.decode("latin-1"))
+        rid_header = (b"x-request-id", rid.encode())
+        status, sent, body = 500, 0, b""
+        in_flight = self.metrics.in_flight
+        in_flight.inc()
         try:
-            response: Response = await route.endpoint(request=request, **params)
-            return response
-        except HTTPException as exc:
-            return _error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
-        except Exception as exc:  # as the app's handler: never a bare 500 page
-            return _error(500, f"internal error: {type(exc).__name__}")
+            try:
+                if self.token is not None and not hmac.compare_digest(authorization, self.token):
+                    raise _Refused(401, "", {"WWW-Authenticate": 'Bearer realm="inference"'})
+                if length > self.max_body_bytes:
+                    raise _Refused(413, self.too_large)
+                body = await self.read_body(receive)
+                if match is None:
+                    answer = await self.predict(content_type.decode("latin-1"), body)
+                    if answer is None:  # the general multipart parser's case: down the stack, counted there
+                        status = 0
+                else:
+                    answer = await self.infer(
+                        match["name"], match["version"], body, binary.decode("latin-1") or None, rid
+                    )
+                if answer is not None:
+                    content, kind, extra = answer
+                    status = 200
+                    headers = [(b"content-type", kind), (b"content-length", b"%d" % len(content)), rid_header, *extra]
+            except (HTTPException, _Refused) as exc:
+                if isinstance(exc, HTTPException):
+                    status, message, more = exc.status_code, str(exc.detail), exc.headers or {}
+                else:
+                    status, message, more = exc.status, exc.message, exc.headers
+                content = UNAUTHORIZED if status == 401 else json_bytes({"error": message})
+                headers = [(b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(content)), rid_header]
+                headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in more.items()]
+            except _ClientGone:
+                status = 499  # nginx's "client closed request": nothing to answer
+                return
+            except Exception as exc:  # as the app's handler: never a bare 500 page
+                status, content = 500, json_bytes({"error": f"internal error: {type(exc).__name__}"})
+                headers = [(b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(content)), rid_header]
+            if status:
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": content})
+                sent = len(content)
+        finally:
+            in_flight.dec()
+            if status:
+                seconds = time.perf_counter() - started
+                self.metrics.record(label, status, seconds)
+                if self.access_log:
+                    client = scope.get("client")
+                    where = f"{client[0]}:{client[1]}" if client else None
+                    log_request(rid, "POST", path, status, seconds, where, sent)
+        if not status:
+            await self.app(_with_request_id(scope, rid), _replay(body, receive), send)
+
+    async def read_body(self, receive: Receive) -> bytes:
+        """The whole body within serve.body_timeout_s (one timer) and serve.max_body_bytes."""
+        chunks: list[bytes] = []
+        seen = 0
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        raise _ClientGone()
+                    chunk = message.get("body", b"")
+                    seen += len(chunk)
+                    if seen > self.max_body_bytes:
+                        raise _Refused(413, self.too_large)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:  # and close: the rest of that body must not be read as the next request
+            raise _Refused(
+                408,
+                f"request body not received within {self.body_timeout_s} s (serve.body_timeout_s)",
+                {"Connection": "close"},
+            ) from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _with_request_id(scope: Scope, rid: str) -> Scope:
+    headers = [(k, v) for k, v in scope["headers"] if k != b"x-request-id"]
+    return {**scope, "headers": [*headers, (b"x-request-id", rid.encode())]}
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body already read, once; then the connection's own messages (a disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 def flag(value: Any, where: str) -> bool:
@@ -341,8 +478,6 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         ),
         lifespan=lifespan,
     )
-    hot_routes: list[APIRoute] = []
-    app.add_middleware(HotRoutes, routes=hot_routes)  # innermost: inside the body limit, ids, auth and metrics
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(Observe, metrics=metrics)  # sees every response, 413s included
     # outermost: every answer (401, 413, 503 included) carries the request id and gets its log line
@@ -477,10 +612,16 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         "/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema, responses=_errors(404, *CLIENT_ERRORS)
     )
     async def infer(name: str, request: Request) -> Response:
-        check_model(name)
-        body = await request.body()
+        body, kind, extra = await infer_answer(
+            name, None, await request.body(), request.headers.get(BINARY_HEADER), request.state.request_id
+        )
+        return Response(body, headers={k.decode(): v.decode() for k, v in extra}, media_type=kind.decode())
+
+    async def infer_answer(name: str, version: str | None, body: bytes, binary_header: str | None, rid: str) -> Answer:
+        """An OIP v2 REST infer request's answer: JSON, or with binary outputs Triton's binary extension."""
+        check_model(name, version)
         try:
-            parsed, binary = parse_infer_body(body, request.headers.get(BINARY_HEADER))
+            parsed, binary = parse_infer_body(body, binary_header)
         except BadRequest as exc:
             raise HTTPException(exc.status, str(exc)) from None
         values = await infer_outputs(parsed, binary)
@@ -493,16 +634,13 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
             "model_name": config.model_name,
             "model_version": model.version,
             "outputs": described,
+            "id": parsed.id if parsed.id is not None else rid,
         }
-        payload["id"] = parsed.id if parsed.id is not None else request.state.request_id
         header = json_bytes(payload)
         if not binary_out:
-            return Response(header, media_type="application/json")
-        return Response(
-            header + chunks,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(len(header))},
-        )
+            return header, JSON_TYPE, []
+        length = (b"inference-header-content-length", b"%d" % len(header))
+        return header + chunks, b"application/octet-stream", [length]
 
     async def infer_outputs(parsed: InferRequest, binary: bytes) -> dict[str, np.ndarray]:
         """An OIP v2 request, parsed (REST or gRPC), to the requested outputs: the one inference path."""
@@ -541,8 +679,10 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         responses=_errors(404, *CLIENT_ERRORS),
     )
     async def version_infer(name: str, version: str, request: Request) -> Response:
-        check_model(name, version)
-        return await infer(name, request)
+        body, kind, extra = await infer_answer(
+            name, version, await request.body(), request.headers.get(BINARY_HEADER), request.state.request_id
+        )
+        return Response(body, headers={k.decode(): v.decode() for k, v in extra}, media_type=kind.decode())
 
     # ---- /v1: images in, sign names out -------------------------------------------------------------
     predict_schema = {
@@ -568,44 +708,52 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         responses=_errors(*CLIENT_ERRORS),
     )
     async def predict(request: Request) -> Response:
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        top_k = config.top_k
+        quick = await predict_answer(request.headers.get("content-type", ""), await request.body())
+        if quick is not None:
+            return Response(quick[0], media_type="application/json")
+        # a multipart body the fast splitter does not take: python-multipart (the body is cached)
+        try:
+            form = await request.form(max_files=config.max_images_per_request, max_fields=16)
+        except HTTPException:
+            raise
+        except Exception as exc:  # malformed multipart bodies surface as parser errors
+            raise HTTPException(400, f"malformed multipart body: {exc}") from None
+        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+        if not uploads:
+            raise HTTPException(400, "no image files in the multipart body (use a file field, e.g. 'files')")
+        items: list[tuple[bytes, Box | None]] = [(await upload.read(), None) for upload in uploads]
+        return Response((await answer_images(items, config.top_k))[0], media_type="application/json")
+
+    async def predict_answer(content_type_header: str, body: bytes) -> Answer | None:
+        """/v1/predict's answer; None for a multipart body that needs the general parser (the route's job)."""
+        content_type = content_type_header.split(";")[0].strip().lower()
         max_images = config.max_images_per_request
         if content_type == "multipart/form-data":
-            files = multipart_files(await request.body(), request.headers["content-type"], max_images)
-            if files is not None:  # the common case, split in C; else python-multipart (body is cached)
-                return await answer([(data, None) for data in files], top_k)
+            files = multipart_files(body, content_type_header, max_images)
+            if files is None:
+                return None
+            return await answer_images([(data, None) for data in files], config.top_k)
+        if content_type == "application/json":
             try:
-                form = await request.form(max_files=max_images, max_fields=16)
-            except HTTPException:
-                raise
-            except Exception as exc:  # malformed multipart bodies surface as parser errors
-                raise HTTPException(400, f"malformed multipart body: {exc}") from None
-            uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
-            if not uploads:
-                raise HTTPException(400, "no image files in the multipart body (use a file field, e.g. 'files')")
-            items: list[tuple[bytes, Box | None]] = [(await upload.read(), None) for upload in uploads]
-        elif content_type == "application/json":
-            try:
-                items, requested_k = parse_predict_json(await request.body(), max_images)
+                items, requested_k = parse_predict_json(body, max_images)
             except BadRequest as exc:
                 raise HTTPException(exc.status, str(exc)) from None
-            top_k = requested_k or top_k
-        else:
-            raise HTTPException(
-                415,
-                f"unsupported content type {content_type or '(none)'!r}: use multipart/form-data or application/json",
-            )
-        return await answer(items, top_k)
+            return await answer_images(items, requested_k or config.top_k)
+        raise HTTPException(
+            415, f"unsupported content type {content_type or '(none)'!r}: use multipart/form-data or application/json"
+        )
 
-    async def answer(items: list[tuple[bytes, Box | None]], top_k: int) -> Response:
+    # The answer's fixed part, made once.
+    predict_prefix = (
+        json_bytes({"model": {"name": config.model_name, "version": model.version, "variant": model.variant}})[:-1]
+        + b',"predictions":'
+    )
+
+    async def answer_images(items: list[tuple[bytes, Box | None]], top_k: int) -> Answer:
         images, sizes = await decode(items)
         probabilities = await run_model(images, sizes, [data for data, _ in items])
-        payload = {
-            "model": {"name": config.model_name, "version": model.version, "variant": model.variant},
-            "predictions": [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)],
-        }
-        return Response(json_bytes(payload), media_type="application/json")  # no jsonable_encoder pass
+        predictions = [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)]
+        return predict_prefix + json_bytes(predictions) + b"}", JSON_TYPE, []
 
     @app.get(
         "/v1/model-card",
@@ -659,9 +807,14 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    hot = {"/v1/predict", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"}
-    hot_routes.extend(
-        r for r in app.routes if isinstance(r, APIRoute) and r.path in hot and "POST" in (r.methods or ())
+    app.add_middleware(  # outermost: the inference routes answer here; the rest goes down the stack above
+        HotPath,
+        predict=predict_answer,
+        infer=infer_answer,
+        metrics=metrics,
+        token=token,
+        access_log=config.access_log,
+        max_body_bytes=config.max_body_bytes,
+        body_timeout_s=config.body_timeout_s,
     )
-    assert len(hot_routes) == len(hot)
     return app

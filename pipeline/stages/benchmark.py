@@ -387,6 +387,25 @@ def choose(
     return max(candidates, key=lambda r: r.metrics[key], default=None)
 
 
+def no_servable_setup(variants: Sequence[Any], config: BenchmarkConfig) -> str:
+    """Why nothing can be served: no shipped variant runs on the server's backends (each rejected one with
+    optimize's reason), or some did but every setup of them lost accuracy here."""
+    backends = ", ".join(config.serving_backends)
+    runnable = [v for v in variants if set(v.runtimes) & set(config.serving_backends)]
+    if not any(v.accepted for v in runnable):
+        rejected = "; ".join(f"{v.name}: {v.reason}" for v in runnable if not v.accepted) or "none was made"
+        others = sorted({v.name for v in variants if v.accepted} - {v.name for v in runnable})
+        return (
+            f"optimize shipped no variant that runs on {backends} (benchmark.serving_backends): {rejected}. "
+            + (f"Shipped, on other backends: {', '.join(others)}; " if others else "")
+            + "see reports/optimize/variants.md; relax the optimize gates, or serve another backend"
+        )
+    return (
+        f"no setup among {backends} passed the accuracy gate (each within {config.max_accuracy_drop} of its "
+        f"variant's accuracy in models/manifest.json); see {REPORT_DIR / 'table.md'}"
+    )
+
+
 def profile(setup: Setup, manifest: Any, out: Path) -> None:
     """Operator-level profile of the chosen setup: ONNX Runtime's profiler or torch.profiler."""
 
@@ -586,11 +605,7 @@ def run(params: Params) -> None:
         }
         write_reports(report, config)
         if chosen is None:
-            raise StageError(
-                f"no setup among {', '.join(config.serving_backends)} passed the accuracy gate "
-                f"(each within {config.max_accuracy_drop} of its variant's accuracy in models/manifest.json); "
-                f"see {REPORT_DIR / 'table.md'}"
-            )
+            raise StageError(no_servable_setup(manifest.variants, config))
         measured = next(v.sha256 for v in manifest.variants if v.name == chosen.setup.variant)
         serving_file.write(serving_file.ServingChoice(**asdict(chosen.setup), metrics=chosen.metrics, sha256=measured))
         if config.profile:

@@ -126,7 +126,11 @@ def run(params: Params) -> None:
                     "parameters": v.parameters,
                     "accepted": v.accepted,
                     **(
-                        {"parity_max_abs_diff": v.parity.max_abs_diff, "parity_top1_agreement": v.parity.top1_agreement}
+                        {
+                            "parity_max_abs_diff": v.parity.max_abs_diff,
+                            "parity_max_rel_diff": v.parity.max_rel_diff,
+                            "parity_top1_agreement": v.parity.top1_agreement,
+                        }
                         if v.parity
                         else {}
                     ),

@@ -342,7 +342,7 @@ def test_concurrent_requests_are_batched(server: Server) -> None:
 
 
 def test_the_inference_routes_shortcut_keeps_the_routers_answers(server: Server) -> None:
-    """The inference routes skip the router (serve.app.HotRoutes): other methods still get the router's 405,
+    """The inference routes skip the router (serve.app.HotPath): other methods still get the router's 405,
     client mistakes the same JSON 4xx, and each answer is counted under its route's template."""
     assert httpx.get(f"{server.url}/v1/predict").status_code == 405
     assert httpx.get(f"{server.url}/v2/models/gtsrb/infer").status_code == 405
@@ -357,6 +357,18 @@ def test_the_inference_routes_shortcut_keeps_the_routers_answers(server: Server)
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'inference_requests_total{route="/v2/models/{name}/infer",status="404"} 1.0' in metrics
     assert 'inference_requests_total{route="/v1/predict",status="415"} 1.0' in metrics
+    # A body the fast multipart splitter does not take (a text field too) goes down the stack to the general
+    # parser, read once and replayed: the same request id, counted once.
+    ok_before = _metric(metrics, 'inference_requests_total{route="/v1/predict",status="200"}')
+    files = {"files": ("a.png", png(server.test_images[0]), "image/png")}
+    general = httpx.post(
+        f"{server.url}/v1/predict", files=files, data={"note": "x"}, headers={"X-Request-ID": "client-7"}
+    )
+    assert general.status_code == 200 and general.headers["x-request-id"] == "client-7"
+    ok_after = _metric(
+        httpx.get(f"{server.url}/metrics").text, 'inference_requests_total{route="/v1/predict",status="200"}'
+    )
+    assert ok_after - ok_before == 1
 
 
 def test_full_queue_answers_503_with_retry_after(models_dir: Path, tmp_path: Path) -> None:

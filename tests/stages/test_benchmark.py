@@ -207,3 +207,29 @@ def test_variant_macs_follow_the_source_chain() -> None:
     macs = {x.name: benchmark.variant_macs(x, variants) for x in variants}
     assert macs == {"fp32": 100, "bf16": 100, "fp32-onnx": 100, "int8-onnx": 100, "int8-pt2e": 100, "pruned": 30,
                     "pruned-int8-onnx": 30, "pruned-onnx": 30, "orphan": None, "loop": None}  # fmt: skip
+
+
+def test_no_servable_variant_is_said_plainly() -> None:
+    """efficientnet_b0 after one epoch: no ONNX variant passed optimize's gates, only torch ones shipped. The
+    benchmark says that, with optimize's reasons, rather than that no setup passed its own accuracy gate."""
+    from pipeline.artifacts.variants import Variant
+    from pipeline.stages.benchmark import no_servable_setup
+
+    def variant(name: str, fmt: str, runtimes: list[str], reason: str = "") -> Variant:
+        return Variant(
+            name=name, file="" if reason else f"{name}.x", format=fmt, runtimes=runtimes, precision="fp32",
+            accuracy=0.5, accuracy_drop=0.0, size_bytes=1, sha256="", parameters=1, accepted=not reason,
+            reason=reason, source="fp32",
+        )  # fmt: skip
+
+    variants = [
+        variant("fp32", "torch-state-dict", ["torch-eager", "torch-compile"]),
+        variant("fp32-onnx", "onnx", ["onnxruntime"], "parity with fp32 failed"),
+        variant("int8-onnx", "onnx", ["onnxruntime"], "accuracy drop 15.90 points > 0.50 allowed"),
+    ]
+    message = no_servable_setup(variants, BenchmarkConfig())
+    assert message.startswith("optimize shipped no variant that runs on onnxruntime")
+    assert "fp32-onnx: parity with fp32 failed" in message and "int8-onnx: accuracy drop 15.90" in message
+    assert "Shipped, on other backends: fp32" in message
+    variants[1] = variant("fp32-onnx", "onnx", ["onnxruntime"])  # shipped, but lost accuracy in the benchmark
+    assert no_servable_setup(variants, BenchmarkConfig()).startswith("no setup among onnxruntime passed")

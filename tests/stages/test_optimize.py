@@ -128,6 +128,19 @@ def test_parity_gate_catches_a_different_model() -> None:
     assert not result.passed and result.top1_agreement == 0.0
 
 
+def test_parity_bound_scales_with_the_logits() -> None:
+    """Large logits (an efficientnet_b0 after one epoch reaches 334) carry fp32 rounding above the absolute
+    bound: the relative bound lets those through, per image, and still catches the same error on small logits."""
+    ref = np.array([[300.0, -20.0, 5.0], [2.0, 1.0, 0.5]])
+    rounded = ref + np.array([[4e-3, 0, 0], [0, 0, 0]])  # 1.3e-5 of 300: as ONNX Runtime against oneDNN
+    assert not export.parity(ref, rounded, 1e-3, 0.999).passed  # the absolute bound alone
+    result = export.parity(ref, rounded, 1e-3, 0.999, 1e-4)
+    assert result.passed and result.max_abs_diff == pytest.approx(4e-3)
+    assert result.max_rel_diff == pytest.approx(4e-3 / 300)
+    wrong_small = ref + np.array([[0, 0, 0], [4e-3, 0, 0]])  # the same error on an image whose logits are ~2
+    assert not export.parity(ref, wrong_small, 1e-3, 0.999, 1e-4).passed
+
+
 def test_cpu_feature_checks() -> None:
     assert quantize.has_native_bf16({"bf16"}, "aarch64")
     assert not quantize.has_native_bf16({"avx2"}, "x86_64")
