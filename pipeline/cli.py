@@ -285,6 +285,12 @@ def bench_decode(ctx: typer.Context) -> None:
     _tool("pipeline.bench.decode", ctx)
 
 
+@bench.command("cpu-split", context_settings=PASS_THROUGH)
+def bench_cpu_split(ctx: typer.Context) -> None:
+    """Where a server's Python time goes, from a py-spy raw profile (pipeline/bench/cpu_split.py)."""
+    _tool("pipeline.bench.cpu_split", ctx)
+
+
 @bench.command("frontend", context_settings=PASS_THROUGH)
 def bench_frontend(ctx: typer.Context) -> None:
     """The HTTP front end alone: uvicorn tuned against Granian on a null route (pipeline/bench/frontend.py)."""
