@@ -216,6 +216,11 @@ def peer_setups(args: argparse.Namespace, work: Path, ours_top1: Callable[[Any],
               lambda port, _: with_env([python, "-m", "pipeline.bench.peers.kserve_server", "--http_port", str(port),
                                         "--model_name", "gtsrb", "--workers", "1", "--configure_logging", "false"]),
               oip_class, body="oip-json"),
+        Setup("j", "ray-serve", f"Ray Serve, @serve.batch (max_batch_size {args.max_batch_size}, 1 ms), 1 replica, "
+              "multipart", "/predict", "files", "/predict",
+              lambda port, _: with_env([python, "-m", "pipeline.bench.peers.ray_server", "--port", str(port),
+                                        "--max-batch-size", str(args.max_batch_size)]),
+              lambda answer: int(answer["class_id"])),
     ]  # fmt: skip
 
 
@@ -466,10 +471,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference-threads", type=int, default=1,
                         help="torch threads of (c); 0 = PyTorch's default (see docs/results-history.md: on a shared machine "
                         "its OpenMP threads wait on each other, and (c) collapses)")  # fmt: skip
-    parser.add_argument("--setups", nargs="+", choices=list("abcdefghi"), default=["a", "b", "c"])
-    parser.add_argument("--peers", type=Path, help="Python of an environment with litserve, mlserver, bentoml and "
-                        "kserve (pipeline/bench/peers/__init__.py): adds (e) ours over OIP v2 JSON, (f) LitServe, "
-                        "(g) BentoML, (h) MLServer, (i) KServe's ModelServer")  # fmt: skip
+    parser.add_argument("--setups", nargs="+", choices=list("abcdefghij"), default=["a", "b", "c"])
+    parser.add_argument("--peers", type=Path, help="Python of an environment with litserve, mlserver, bentoml, "
+                        "kserve and ray[serve] (pipeline/bench/peers/__init__.py): adds (e) ours over OIP v2 JSON, "
+                        "(f) LitServe, (g) BentoML, (h) MLServer, (i) KServe's ModelServer, (j) Ray Serve")  # fmt: skip
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
     parser.add_argument("--send", choices=["png", "original"], default="png",
                         help="each test file re-encoded as PNG (deploy's smoke test), or its original bytes (photos: JPEG)")  # fmt: skip

@@ -1,9 +1,9 @@
-"""Peer servers for `pipeline bench serve --peers PYTHON`: LitServe, MLServer, BentoML and KServe each serving the same
-model file through the same code as our server (pipeline.serve.model.load_served_model: ONNX Runtime session,
+"""Peer servers for `pipeline bench serve --peers PYTHON`: LitServe, MLServer, BentoML, KServe and Ray Serve, each
+serving the same model file through the same code as our server (pipeline.serve.model.load_served_model: ONNX Runtime session,
 threads, framing; pipeline.serve.protocol.decode_images: decode + crop + resize), configured as their docs
 recommend for dynamic batching. They run in an environment of their own (the peers pin their own dependencies):
 
-    uv venv .venv-peers && uv pip install --python .venv-peers litserve mlserver bentoml kserve \\
+    uv venv .venv-peers && uv pip install --python .venv-peers litserve mlserver bentoml kserve 'ray[serve]' \\
         onnxruntime pillow numpy pydantic pyyaml orjson python-multipart typer rich prometheus-client packaging
 """
 
