@@ -7,6 +7,10 @@
 #
 #   scripts/gpu-check.sh [--dry-run] [OUT]      (default OUT: gpu-check/)
 #
+# Your own network instead of the demo's: GPU_CHECK_MODEL=torchvision/resnet18 GPU_CHECK_SIZE=224 (model.name and
+# data.image_size); GPU_CHECK_STAGES="prepare train" runs only those stages before `pipeline bench gpu` (which then
+# measures the trained network: inference beside the CPU, and its own training step).
+#
 # Data: $GTSRB_ROOT when set (the full training split if it travels with the tree), else data/raw, else the shared
 # sample (shared/data/gtsrb-sample or ../shared/data/gtsrb-sample). --dry-run: the same steps on the CPU, tiny (CI
 # runs it so the script cannot rot where no GPU is lent); its figures mean nothing.
@@ -45,11 +49,16 @@ rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 gpus=$("$python" -c "import torch; print(torch.cuda.device_count())")
 if $dry; then device=cpu; nproc=1; else device=cuda; nproc=$(( gpus > 0 ? gpus : 1 )); fi
-"$python" - "$repo/params.yaml" "$root" "$device" "$nproc" "$dry" > params.yaml <<'EOF'
+"$python" - "$repo/params.yaml" "$root" "$device" "$nproc" "$dry" "${GPU_CHECK_MODEL:-}" "${GPU_CHECK_SIZE:-}" > params.yaml <<'EOF'
 import sys, yaml
 params = yaml.safe_load(open(sys.argv[1]))
 root, device, nproc, dry = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "true"
+model, size = sys.argv[6], sys.argv[7]
 params["data"].update(root=root, download=False)
+if model:
+    params["model"]["name"] = model
+if size:
+    params["data"]["image_size"] = int(size)
 params["train"].update(device=device, amp="bf16", compile=True, nproc=nproc, checkpoint_every=0)
 params["optimize"].update(finetune_epochs=2, int8_torch=False)
 params["benchmark"].update({"batch_sizes": [32, 256], "threads": [0], "min_seconds": 0.5, "profile": False})
@@ -70,30 +79,33 @@ run_stage() {
   step "pipeline $1"
   "$python" -m pipeline.cli "$1" -p params.yaml > "$out/$1.log" 2>&1 || { tail -20 "$out/$1.log" >&2; echo "gpu-check: $1 failed (log: $out/$1.log)" >&2; exit 1; }
 }
-run_stage prepare
-run_stage train
-run_stage optimize
-run_stage benchmark
-run_stage evaluate
+stages="${GPU_CHECK_STAGES:-prepare train optimize benchmark evaluate}"
+for stage in $stages; do run_stage "$stage"; done
 step "pipeline bench gpu"
 if $dry; then flags=(--dry-run); else flags=(--seconds 0.5); fi
+[ -n "${GPU_CHECK_BENCH_FLAGS:-}" ] && read -ra extra <<< "$GPU_CHECK_BENCH_FLAGS" && flags+=("${extra[@]}")
 "$python" -m pipeline.cli bench gpu "${flags[@]}" --out "$out" > "$out/bench-gpu.log" 2>&1 || { tail -20 "$out/bench-gpu.log" >&2; exit 1; }
 
-"$python" - "$out" "$dry" "$device" "$nproc" > "$out/summary.md" <<'EOF'
+"$python" - "$out" "$dry" "$device" "$nproc" "$stages" > "$out/summary.md" <<'EOF'
 import json, sys
 from pathlib import Path
 out, dry, device, nproc = Path(sys.argv[1]), sys.argv[2] == "true", sys.argv[3], sys.argv[4]
 work = out / "project" / "reports"
 train = json.loads((work / "train/metrics.json").read_text())
-evaluation = json.loads((work / "evaluate/metrics.json").read_text())
+evaluated = work / "evaluate/metrics.json"
+evaluation = json.loads(evaluated.read_text()) if evaluated.exists() else None
 print(f"# gpu-check{' (DRY RUN on the CPU: figures mean nothing)' if dry else ''}\n")
 print(f"- train: device {train['device']}, {nproc} process(es), {train['epochs']} epochs in {train['train_seconds']:.0f} s "
       f"({train['images_per_s']:.0f} images/s), {train['train_images']} images")
-print(f"- evaluate: {evaluation['variant']} served accuracy {evaluation['accuracy']:.4f} on {evaluation['images']} "
-      f"original files (the trained model: {evaluation.get('trained_accuracy')})")
-print(f"- benchmark (CPU rows): see project/reports/benchmark/table.md\n")
+if evaluation:
+    print(f"- evaluate: {evaluation['variant']} served accuracy {evaluation['accuracy']:.4f} on {evaluation['images']} "
+          f"original files (the trained model: {evaluation.get('trained_accuracy')})")
+    print(f"- benchmark (CPU rows): see project/reports/benchmark/table.md\n")
+else:
+    print(f"- after training: validation accuracy {train.get('val_accuracy')} (validation {train.get('validation')}), "
+          f"train loss {train['train_loss']:.3f}; stages run: {sys.argv[5]}\n")
 print((out / "gpu.md").read_text())
 EOF
-cp "$work/reports/benchmark/table.md" "$out/benchmark-table.md"
+[ -f "$work/reports/benchmark/table.md" ] && cp "$work/reports/benchmark/table.md" "$out/benchmark-table.md"
 step "done: $out/summary.md"
 cat "$out/summary.md"

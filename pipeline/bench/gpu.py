@@ -18,6 +18,7 @@ so the code cannot rot where no GPU is lent; its figures mean nothing.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import time
@@ -60,17 +61,18 @@ def images_per_second(
     return best
 
 
-def load_model(models_dir: Path, image_size: int, classes: int) -> tuple[nn.Module, str]:
-    """The trained model when there is one, else a fresh default signnet (the figures are about speed)."""
+def load_model(models_dir: Path, image_size: int, classes: int) -> tuple[nn.Module, str, bool]:
+    """The trained model when there is one, else a fresh default signnet (the figures are about speed); and
+    whether it was the trained one."""
     path = models_dir / "model.pt"
     if path.exists():
         from pipeline.artifacts import model as model_file
 
         model, payload = model_file.read(path)
-        return model.float().eval(), f"{path} ({payload['arch']['name']})"
+        return model.float().eval(), f"{path} ({payload['arch']['name']})", True
     torch.manual_seed(0)
     model = nets.build("signnet", [0.5] * 3, [0.25] * 3, image_size, width=32, num_classes=classes, members=2)
-    return model.eval(), "a fresh signnet committee (no models/model.pt)"
+    return model.eval(), "a fresh signnet committee (no models/model.pt)", False
 
 
 def inference_rows(
@@ -135,9 +137,12 @@ def onnx_cuda_rows(
     return rows
 
 
-def training_rows(data: Path, device: torch.device, steps: int, batch: int) -> list[dict[str, Any]]:
-    """The train stage's step (Engine, the default committee, `train.amp: auto`'s precision on each device) on the
-    GPU and on the CPU: images/s over `steps` steps after 3 warm-up steps."""
+def training_rows(
+    data: Path, device: torch.device, steps: int, batch: int, trained: nn.Module | None = None
+) -> list[dict[str, Any]]:
+    """The train stage's step (Engine, `train.amp: auto`'s precision on each device) on the GPU and on the CPU:
+    images/s over `steps` steps after 3 warm-up steps. The network is a copy of the trained model when there is
+    one (a torchvision or timm backbone measures as itself), else the default committee."""
     from pipeline.data.loader import load_split, to_float
     from pipeline.training.distributed import Dist, amp_dtype
 
@@ -154,7 +159,10 @@ def training_rows(data: Path, device: torch.device, steps: int, batch: int) -> l
     rows: list[dict[str, Any]] = []
     for dev in dict.fromkeys([device, torch.device("cpu")]):
         torch.manual_seed(0)
-        model = nets.build("signnet", mean, std, size, width=32, num_classes=classes, members=2).to(dev)
+        if trained is not None:
+            model = copy.deepcopy(trained).float().train().to(dev)
+        else:
+            model = nets.build("signnet", mean, std, size, width=32, num_classes=classes, members=2).to(dev)
         optim = make_optimizer(model, "adamw", 0.003, 0.0005)
         dtype = amp_dtype("auto", dev)
         engine = Engine(model, optim, lambda s: 0.003, Loss(0.1), d=Dist(0, 1, dev), amp=dtype)
@@ -225,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.artifacts.prepared import read_manifest
 
         image_size = read_manifest(args.data).image_size
-    model, described = load_model(args.models, image_size, 43)
+    model, described, trained = load_model(args.models, image_size, 43)
     report: dict[str, Any] = {
         "dry_run": args.dry_run,
         "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "none (dry run: CPU)",
@@ -237,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         "inference": inference_rows(model, image_size, device, args.batch_sizes, args.seconds, args.repeats),
     }
     report["inference"] += onnx_cuda_rows(args.models, image_size, args.batch_sizes, args.seconds, args.repeats)
-    report["training"] = training_rows(args.data, device, args.train_steps, args.train_batch)
+    report["training"] = training_rows(
+        args.data, device, args.train_steps, args.train_batch, model if trained else None
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "gpu.md").write_text(table(report))
