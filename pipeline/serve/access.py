@@ -34,6 +34,7 @@ _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = ("/v2/health/", "/metrics", "/docs", "/openapi.json")
 FLUSH_S = 0.2
 FLUSH_LINES = 256
+UNAUTHORIZED_BODY = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
 _pending: list[str] = []
 
 
@@ -121,7 +122,7 @@ class RequestContext:
                 and not is_open(scope["path"])
                 and not hmac.compare_digest(authorization, self.token)
             ):
-                body = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
+                body = UNAUTHORIZED_BODY
                 await send_with_id(
                     {
                         "type": "http.response.start",

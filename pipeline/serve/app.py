@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pipeline import drift
 from pipeline.config import ServeConfig
 from pipeline.preprocess import Box
-from pipeline.serve.access import RequestContext, flush_access_log, log_request, request_id
+from pipeline.serve.access import UNAUTHORIZED_BODY, RequestContext, flush_access_log, log_request, request_id
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
 from pipeline.serve.model import ServedModel
 from pipeline.serve.protocol import (
@@ -75,6 +75,10 @@ def _errors(*codes: int, **described: str) -> dict[int | str, dict[str, Any]]:
 CLIENT_ERRORS = (400, 408, 413, 415, 422, 431, 503, 504)
 
 
+def body_timeout_message(timeout_s: float) -> str:
+    return f"request body not received within {timeout_s} s (serve.body_timeout_s)"
+
+
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body larger than {limit} bytes (serve.max_body_bytes)")
@@ -112,7 +116,7 @@ class BodyLimit:
             except TimeoutError:
                 raise HTTPException(  # and close: the rest of that body must not be read as the next request
                     408,
-                    f"request body not received within {self.timeout_s} s (serve.body_timeout_s)",
+                    body_timeout_message(self.timeout_s),
                     {"Connection": "close"},
                 ) from None
             if message["type"] == "http.request":
@@ -232,7 +236,6 @@ class Observe:
 
 Answer = tuple[bytes, bytes, list[tuple[bytes, bytes]]]
 """A success: its body, content type and any further headers."""
-UNAUTHORIZED = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
 JSON_TYPE = b"application/json"
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
@@ -332,7 +335,7 @@ class HotPath:
                     status, message, more = exc.status_code, str(exc.detail), exc.headers or {}
                 else:
                     status, message, more = exc.status, exc.message, exc.headers
-                content = UNAUTHORIZED if status == 401 else json_bytes({"error": message})
+                content = UNAUTHORIZED_BODY if status == 401 else json_bytes({"error": message})
                 headers = [(b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(content)), rid_header]
                 headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in more.items()]
             except _ClientGone:
@@ -375,11 +378,7 @@ class HotPath:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:  # and close: the rest of that body must not be read as the next request
-            raise _Refused(
-                408,
-                f"request body not received within {self.body_timeout_s} s (serve.body_timeout_s)",
-                {"Connection": "close"},
-            ) from None
+            raise _Refused(408, body_timeout_message(self.body_timeout_s), {"Connection": "close"}) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -612,8 +611,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         "/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema, responses=_errors(404, *CLIENT_ERRORS)
     )
     async def infer(name: str, request: Request) -> Response:
+        return await infer_response(name, None, request)
+
+    async def infer_response(name: str, version: str | None, request: Request) -> Response:
+        """The routes' form of infer_answer (HotPath answers these POSTs itself; the routes give the schema)."""
         body, kind, extra = await infer_answer(
-            name, None, await request.body(), request.headers.get(BINARY_HEADER), request.state.request_id
+            name, version, await request.body(), request.headers.get(BINARY_HEADER), request.state.request_id
         )
         return Response(body, headers={k.decode(): v.decode() for k, v in extra}, media_type=kind.decode())
 
@@ -679,10 +682,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         responses=_errors(404, *CLIENT_ERRORS),
     )
     async def version_infer(name: str, version: str, request: Request) -> Response:
-        body, kind, extra = await infer_answer(
-            name, version, await request.body(), request.headers.get(BINARY_HEADER), request.state.request_id
-        )
-        return Response(body, headers={k.decode(): v.decode() for k, v in extra}, media_type=kind.decode())
+        return await infer_response(name, version, request)
 
     # ---- /v1: images in, sign names out -------------------------------------------------------------
     predict_schema = {
