@@ -2,7 +2,7 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder` and `pipeline image-context` pass their options to those tools.
+`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder|formats` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -277,6 +277,12 @@ def bench_memory(ctx: typer.Context) -> None:
 def bench_scale_folder(ctx: typer.Context) -> None:
     """A large folder of photo-sized JPEGs made from the demo data (pipeline/bench/scale_folder.py)."""
     _tool("pipeline.bench.scale_folder", ctx)
+
+
+@bench.command("formats", context_settings=PASS_THROUGH)
+def bench_formats(ctx: typer.Context) -> None:
+    """The prepared .npy shards against LitData, MDS and WebDataset: write, read an epoch shuffled (pipeline/bench/formats.py)."""
+    _tool("pipeline.bench.formats", ctx)
 
 
 @bench.command("decode", context_settings=PASS_THROUGH)

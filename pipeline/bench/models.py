@@ -52,6 +52,8 @@ def configure(work: Path, args: argparse.Namespace, name: str) -> None:
         params["augment"] = yaml.safe_load((REPO / "params.yaml").read_text())["augment"]
     params["evaluate"]["min_accuracy"] = 0.0
     params["optimize"].update({"finetune_epochs": args.finetune_epochs, "calibration_images": 256})
+    if args.prune_amount is not None:  # optimize.prune_amount: more filters off where the fine-tune wins them back
+        params["optimize"]["prune_amount"] = args.prune_amount
     params["benchmark"].update({"batch_sizes": [32], "min_seconds": 0.5, "latency_calls": 30, "profile": False})
     if args.backends:  # e.g. onnxruntime,torch-eager: the served runtime and PyTorch's default, side by side
         params["benchmark"]["backends"] = args.backends.split(",")
@@ -85,19 +87,24 @@ def row(work: Path, name: str, wall: float) -> dict[str, object]:
     }
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data")
+    ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--size", type=int, default=160)
+    ap.add_argument("--resize", default="pad")
+    ap.add_argument("--source", default="folder", choices=["folder", "gtsrb"], help="gtsrb: DATA holds gtsrb/")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--finetune-epochs", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--prune-amount", type=float, default=None, help="optimize.prune_amount (default: params.yaml's)")
+    ap.add_argument("--out", default=".own-models")
+    ap.add_argument("--backends", default="", help="benchmark.backends, comma-separated (default: every one)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("data")
-    parser.add_argument("--model", action="append", required=True)
-    parser.add_argument("--size", type=int, default=160)
-    parser.add_argument("--resize", default="pad")
-    parser.add_argument("--source", default="folder", choices=["folder", "gtsrb"], help="gtsrb: DATA holds gtsrb/")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--finetune-epochs", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--out", default=".own-models")
-    parser.add_argument("--backends", default="", help="benchmark.backends, comma-separated (default: every one)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     out = Path(args.out).resolve()
     rows = []
     for name in args.model:
