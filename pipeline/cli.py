@@ -2,7 +2,7 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder|formats` and `pipeline image-context` pass their options to those tools.
+`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder|formats|remote-read` and `pipeline image-context` pass their options to those tools.
 """
 
 from __future__ import annotations
@@ -283,6 +283,12 @@ def bench_scale_folder(ctx: typer.Context) -> None:
 def bench_formats(ctx: typer.Context) -> None:
     """The prepared .npy shards against LitData, MDS and WebDataset: write, read an epoch shuffled (pipeline/bench/formats.py)."""
     _tool("pipeline.bench.formats", ctx)
+
+
+@bench.command("remote-read", context_settings=PASS_THROUGH)
+def bench_remote_read(ctx: typer.Context) -> None:
+    """Rows a second from your DVC remote: concurrent ranges against one read a row (pipeline/bench/remote_read.py)."""
+    _tool("pipeline.bench.remote_read", ctx)
 
 
 @bench.command("decode", context_settings=PASS_THROUGH)

