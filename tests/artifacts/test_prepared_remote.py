@@ -62,6 +62,11 @@ def test_a_clone_reads_rows_straight_from_the_remote(pushed: tuple[Path, Path]) 
     rows = np.random.default_rng(0).permutation(len(reader))[:40]
     assert np.array_equal(reader.take(rows), prepared.SplitReader("train", local).take(rows))
     assert all(url.startswith("s3://dvc/") for url in files._urls.values()), "a batch's rows as concurrent ranges"
+    cached = prepared.DvcRemoteFiles(str(repo))  # its DVC cache holds the shards (dvc add): read there, not remotely
+    assert np.array_equal(
+        prepared.SplitReader("train", cached).take(rows), prepared.SplitReader("train", local).take(rows)
+    )
+    assert cached._urls and set(cached._urls.values()) == {""}
     reader.verify()
     assert np.array_equal(prepared.read_split("test", files).images, prepared.read_split("test", local).images)
     assert not (clone / "data" / "prepared").exists(), "nothing was pulled into the clone"
