@@ -19,6 +19,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def _batches(fmt: str, prepared: Path, rows: int, where: Path) -> Iterator[tuple
         urls = [str(p) for p in sorted(where.glob("shard-*.tar"))]
         data = (
             wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False)
-            .shuffle(1000, rng=__import__("random").Random(0))
+            .shuffle(1000, rng=random.Random(0))
             .decode()
             .to_tuple("idx.cls", "npy", "cls")
             .batched(BATCH, partial=True)
