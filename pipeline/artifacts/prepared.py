@@ -408,7 +408,7 @@ class LocalFiles:
 
     def read_rows(self, name: str, offsets: Sequence[int], buffers: Sequence[np.ndarray]) -> list[int]:
         """buffers[k] from offsets[k] (the caller's uint8 rows): one pread each; the bytes each read got."""
-        return [self.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
+        return _row_by_row(self, name, offsets, buffers)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -427,10 +427,13 @@ class DvcRemoteFiles:
     from the local cache when it has the files, else straight from the DVC remote (S3, GCS, Azure, SSH, ...) by
     ranged reads, with no `dvc pull` and no shared disk: how processes on several machines read one data set."""
 
-    def __init__(self, repo: str = ".", rev: str | None = None, path: str = str(PREPARED_DIR)) -> None:
+    def __init__(
+        self, repo: str = ".", rev: str | None = None, path: str = str(PREPARED_DIR), *, ranged: bool = True
+    ) -> None:
+        """`ranged=False` reads row by row even where concurrent ranges work (`pipeline bench remote-read`)."""
         from dvc.api import DVCFileSystem
 
-        self.repo, self.rev, self.path = repo, rev, path.rstrip("/")
+        self.repo, self.rev, self.path, self.ranged = repo, rev, path.rstrip("/"), ranged
         self.fs = DVCFileSystem(repo, rev=rev)
         self._files: dict[str, Any] = {}
         self._remote: Any = None  # the default remote's fsspec filesystem, once a batch needs it
@@ -468,7 +471,7 @@ class DvcRemoteFiles:
         the shard."""
         remote = self._remote_of(name)
         if remote is None:
-            return [self.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
+            return _row_by_row(self, name, offsets, buffers)
         fs, url = remote
         ends = [offset + row.nbytes for offset, row in zip(offsets, buffers, strict=True)]
         parts = fs.cat_ranges([url] * len(offsets), list(offsets), ends, on_error="return")
@@ -481,6 +484,8 @@ class DvcRemoteFiles:
         return got
 
     def _remote_of(self, name: str) -> tuple[Any, str] | None:
+        if not self.ranged:
+            return None
         if name in self._urls:
             return (self._remote, self._urls[name]) if self._urls[name] else None
         url = ""
@@ -511,6 +516,11 @@ class DvcRemoteFiles:
 
 
 Files = LocalFiles | DvcRemoteFiles
+
+
+def _row_by_row(files: Files, name: str, offsets: Sequence[int], buffers: Sequence[np.ndarray]) -> list[int]:
+    """buffers[k] from offsets[k], one `read_into` each: the bytes each read got."""
+    return [files.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
 
 
 def files_of(prepared: Path | Files) -> Files:

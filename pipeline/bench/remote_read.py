@@ -26,10 +26,7 @@ def rates(repo: str, split: str, batches: int, rounds: int) -> dict[str, list[fl
     for _ in range(rounds):
         kept: np.ndarray | None = None
         for mode, rows_per_s in found.items():
-            files = prepared.DvcRemoteFiles(repo)
-            reader = prepared.SplitReader(split, files)
-            if mode == PER_ROW:  # the remote's URLs left unknown: the per-row fallback
-                files._urls.update({shard.name: "" for shard in reader._shards})
+            reader = prepared.SplitReader(split, prepared.DvcRemoteFiles(repo, ranged=mode == CONCURRENT))
             order = np.random.default_rng(0).permutation(len(reader))[: (batches + 1) * BATCH]
             reader.take(order[:BATCH])  # the shards opened and the remote resolved before the clock starts
             started, rows, got = time.perf_counter(), 0, []
@@ -52,9 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-    reader = prepared.SplitReader(args.split, prepared.DvcRemoteFiles(args.repo))
-    size, shards = reader.image_size, len(reader._shards)
-    reader.close()
+    manifest = prepared.read_manifest(prepared.DvcRemoteFiles(args.repo))
+    size, shards = manifest.image_size, len(manifest.splits[args.split].shards)
     found = rates(args.repo, args.split, args.batches, args.rounds)
     print(f"{args.split}: {size} px rows in {shards} shards, batches of {BATCH} in a shuffled order")
     for mode, rows_per_s in found.items():
