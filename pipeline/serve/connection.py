@@ -7,11 +7,16 @@
 - **A drain that loses nothing**: on shutdown uvicorn closes idle keep-alive connections at once, so a request a
   client sent at that moment meets a reset (it cannot know whether it ran). Here an idle connection is closed only
   after `drain_idle_s` without data, and a request that arrives meanwhile is answered with `Connection: close`.
+  A loop held up past the quiet period (a loaded machine) runs its timers before reading the sockets: a request
+  already waiting in the socket then keeps the connection open to be answered, where closing would reset it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -89,6 +94,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # Idle: a request may be on its way. Close after a quiet moment (any data cancels this timer, and
             # the request it carries is answered with Connection: close).
             self._unset_keepalive_if_required()
-            self.timeout_keep_alive_task = self.loop.call_later(self.drain_idle_s, self.timeout_keep_alive_handler)
+            self.timeout_keep_alive_task = self.loop.call_later(self.drain_idle_s, self._drain_quiet_period_over)
         else:
             self.cycle.keep_alive = False
+
+    def _drain_quiet_period_over(self) -> None:
+        if _bytes_waiting(self.transport):
+            # Read next, and answered with Connection: close (data_received cancels this timer); look again later
+            # in case it is never read.
+            self.timeout_keep_alive_task = self.loop.call_later(self.drain_idle_s, self._drain_quiet_period_over)
+        else:
+            self.timeout_keep_alive_handler()
+
+
+def _bytes_waiting(transport: asyncio.Transport) -> int:
+    """Bytes received on the connection's socket that the event loop has not read yet (0 when unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.is_closing():
+        return 0
+    try:
+        buffer = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", buffer)[0])

@@ -135,3 +135,50 @@ def test_sigterm_under_load_loses_no_request_over_20_runs(models_dir: Path, tmp_
     assert not lost, f"requests lost in the drain: {lost} (all outcomes: {dict(totals)})"
     assert set(totals) <= {"200", "503", "refused"}, dict(totals)
     print(f"SIGTERM under load, 20 runs x 8 keep-alive clients: {dict(totals)}")
+
+
+def _wait_for_log(server: Server, text: bytes, timeout_s: float = 20) -> None:
+    """Read the server's stderr until a line holding `text` (uvicorn logs there)."""
+    import select
+
+    assert server.process.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while text not in seen:
+        assert time.monotonic() < deadline, f"{text!r} not logged in {timeout_s} s: {seen[-2000:]!r}"
+        if select.select([server.process.stderr], [], [], 0.1)[0]:
+            seen += server.process.stderr.read1(65536)
+
+
+def test_a_request_sent_while_the_draining_server_stalls_is_answered(models_dir: Path, tmp_path: Path) -> None:
+    """A keep-alive client sends its next request just as the drain's quiet period runs out, while the server's
+    event loop is held up (a loaded machine): the request waits in the socket. The drain must answer it with
+    `Connection: close`, not close the socket under it (a reset the client cannot tell from a lost request)."""
+    server = start_server(models_dir, tmp_path, {"drain_timeout_s": 5.0})
+    body = png(np.ascontiguousarray(server.test_images[0]))
+    files = {"files": ("sign.png", body, "image/png")}
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.post("/v1/predict", files=files).status_code == 200  # the kept-alive connection
+            server.process.send_signal(signal.SIGTERM)
+            _wait_for_log(server, b"Shutting down")  # the drain has begun: the idle connection's quiet period runs
+            server.process.send_signal(signal.SIGSTOP)  # the loop held up past the quiet period (0.5 s)...
+            answers: list[object] = []
+            sender = threading.Thread(target=lambda: answers.append(_post_or_error(client, files)))
+            sender.start()
+            time.sleep(1.5)  # ... while the next request waits in the socket
+            server.process.send_signal(signal.SIGCONT)
+            sender.join(timeout=30)
+        assert len(answers) == 1 and isinstance(answers[0], httpx.Response), answers
+        assert answers[0].status_code == 200 and answers[0].headers["connection"] == "close"
+        assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def _post_or_error(client: httpx.Client, files: dict[str, tuple[str, bytes, str]]) -> object:
+    try:
+        return client.post("/v1/predict", files=files)
+    except httpx.TransportError as exc:
+        return exc
