@@ -4,6 +4,7 @@ oversized headers, idle sockets, and a drain on SIGTERM that loses no request.""
 from __future__ import annotations
 
 import random
+import select
 import signal
 import socket
 import threading
@@ -139,8 +140,6 @@ def test_sigterm_under_load_loses_no_request_over_20_runs(models_dir: Path, tmp_
 
 def _wait_for_log(server: Server, text: bytes, timeout_s: float = 20) -> None:
     """Read the server's stderr until a line holding `text` (uvicorn logs there)."""
-    import select
-
     assert server.process.stderr is not None
     seen = b""
     deadline = time.monotonic() + timeout_s
