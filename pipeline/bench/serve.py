@@ -13,9 +13,9 @@ measurement and stopped at the end; the measurements interleave: for each round 
   (c) reference  pipeline/bench/reference_server.py: the design issue #6 names (Arm's learning path): FastAPI,
                  one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
                  PyTorch forward of our fp32 model (models/model.pt) per request
-Every request is a multipart upload of one original test file, whole, as PNG (what deploy's smoke test sends;
-`--send original`: the file's own bytes, e.g. the JPEGs of a photo data set;
-the script cycles through 64 of them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
+Every request is a multipart upload of one original test file, whole, its own bytes as users send them (GTSRB's
+PPMs, a photo data set's JPEGs; `--send png`: re-encoded as PNG, what deploy's smoke test sends; the script cycles
+through 64 of them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
 at most one core; `--client httpx` uses a Python asyncio client instead (it competes with the server
 for the CPU). Before the load, 100 test images are classified one by one through each setup, to show
 that all three answer and agree with the labels. Traffic stays on 127.0.0.1; every loop is bounded.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import io
 import json
 import os
 import platform
@@ -61,7 +62,7 @@ class Setup:
     ready_path: str
     command: Callable[[int, Path], list[str]]
     predicted_class: Callable[[Any], int]
-    body: str = "multipart"  # multipart (one file in `field`) | oip-json (an OIP v2 BYTES tensor, base64 PNG)
+    body: str = "multipart"  # multipart (one file in `field`) | oip-json (an OIP v2 BYTES tensor, the base64 file)
 
 
 def png_images(prepared: Path, count: int, send: str = "png") -> list[tuple[bytes, int]]:
@@ -192,7 +193,7 @@ def peer_setups(args: argparse.Namespace, work: Path, ours_top1: Callable[[Any],
         str(work / f"params-b{args.max_batch_size}-w1.yaml"),
     ]
     return [
-        Setup("e", "ours-oip", "our server as (a), OIP v2 JSON: one BYTES tensor (base64 PNG) per request",
+        Setup("e", "ours-oip", "our server as (a), OIP v2 JSON: one BYTES tensor (the base64 file) per request",
               "/v2/models/gtsrb/infer", "", "/v2/health/ready", lambda port, _: [*ours, "--port", str(port)],
               oip_class, body="oip-json"),
         Setup("f", "litserve", f"LitServe, LitAPI max_batch_size {args.max_batch_size}, batch_timeout 1 ms, fast_queue, "
@@ -295,16 +296,29 @@ end
 """
 
 
-def request_body(setup: Setup, png: bytes) -> tuple[bytes, str]:
-    """One image as the setup takes it: a multipart upload in its field, or an OIP v2 JSON BYTES tensor."""
+def file_type(data: bytes) -> tuple[str, str]:
+    """(file name suffix, MIME type) of an image file's bytes, as a browser or curl would label the upload."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            kind = image.format or ""
+    except (OSError, ValueError):
+        kind = ""
+    mime = Image.MIME.get(kind, "application/octet-stream")
+    return (f".{kind.lower()}" if kind else ".bin"), mime
+
+
+def request_body(setup: Setup, image: bytes) -> tuple[bytes, str]:
+    """One image file as the setup takes it: a multipart upload in its field (named and typed by its format), or an
+    OIP v2 JSON BYTES tensor."""
     if setup.body == "oip-json":
-        tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(png).decode()]}
+        tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(image).decode()]}
         return json.dumps({"inputs": [tensor]}).encode(), "application/json"
+    suffix, mime = file_type(image)
     head = (
-        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{setup.field}"; filename="sign.png"\r\n'
-        "Content-Type: image/png\r\n\r\n"
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{setup.field}"; filename="sign{suffix}"\r\n'
+        f"Content-Type: {mime}\r\n\r\n"
     ).encode()
-    return head + png + f"\r\n--{BOUNDARY}--\r\n".encode(), f"multipart/form-data; boundary={BOUNDARY}"
+    return head + image + f"\r\n--{BOUNDARY}--\r\n".encode(), f"multipart/form-data; boundary={BOUNDARY}"
 
 
 def wrk_script(setup: Setup, files: list[Path], work: Path) -> Path:
@@ -476,8 +490,9 @@ def main(argv: list[str] | None = None) -> None:
                         "kserve and ray[serve] (pipeline/bench/peers/__init__.py): adds (e) ours over OIP v2 JSON, "
                         "(f) LitServe, (g) BentoML, (h) MLServer, (i) KServe's ModelServer, (j) Ray Serve")  # fmt: skip
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
-    parser.add_argument("--send", choices=["png", "original"], default="png",
-                        help="each test file re-encoded as PNG (deploy's smoke test), or its original bytes (photos: JPEG)")  # fmt: skip
+    parser.add_argument("--send", choices=["original", "png"], default="original",
+                        help="each test file's own bytes as users send them (GTSRB: PPM; photos: JPEG), or re-encoded "
+                        "as PNG (deploy's smoke test)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -497,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         files = []
         for i, (data, _) in enumerate(images[:64]):
-            files.append(work / f"sign-{i}.png")
+            files.append(work / f"sign-{i}{file_type(data)[0]}")
             files[-1].write_bytes(data)
         chosen = [s for s in setups(args, work) if s.key in args.setups]
         ports = {s.key: free_port() for s in chosen}

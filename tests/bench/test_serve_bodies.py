@@ -69,3 +69,26 @@ def test_the_load_sends_the_test_files_as_png_or_as_they_are(tiny_project: Path)
     assert [data for data, _ in as_sent] == [f.path.read_bytes() for f in originals]
     assert [label for _, label in as_sent] == [f.label for f in originals]
     assert all(data.startswith(b"\x89PNG") for data, _ in png_images(prepared, 5))
+
+
+def test_an_upload_is_named_and_typed_by_its_real_format() -> None:
+    """Original files go out as users' clients label them: a GTSRB PPM as image/x-portable-anymap, a JPEG as
+    image/jpeg, never a PPM called sign.png."""
+    import io
+
+    from PIL import Image
+
+    from pipeline.bench.serve import file_type
+
+    def encoded(kind: str) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (8, 6), (200, 30, 30)).save(out, kind)
+        return out.getvalue()
+
+    ppm, jpeg = encoded("PPM"), encoded("JPEG")
+    assert file_type(ppm) == (".ppm", "image/x-portable-anymap")
+    assert file_type(jpeg) == (".jpeg", "image/jpeg")
+    assert file_type(b"not an image") == (".bin", "application/octet-stream")
+    body, content_type = request_body(_setup("multipart"), ppm)
+    assert b'filename="sign.ppm"\r\nContent-Type: image/x-portable-anymap\r\n' in body
+    assert multipart_files(body, content_type, 4) == [ppm]
