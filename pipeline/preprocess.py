@@ -91,7 +91,8 @@ def to_array(
         pixels = np.asarray(image, dtype=np.float64)
         peak = 65535.0 if image.mode.startswith("I;16") or pixels.max(initial=0) > 255 else 255.0
         image = Image.fromarray(np.clip(pixels * (255.0 / peak), 0, 255).round().astype(np.uint8), "L")
-    image = image.convert("RGB")
+    if image.mode != "RGB":  # convert() of an RGB image would only copy it
+        image = image.convert("RGB")
     region: tuple[float, float, float, float] | None = None
     if box is not None:
         x1, y1, x2, y2 = box_with_margin(box, margin, image.width, image.height)

@@ -94,6 +94,10 @@ def serve_one(params: Params, sock: socket.socket | None, worker: int | None = N
             # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet.
             http=GuardedHttpProtocol.configured(config.header_timeout_s, config.max_header_bytes, drain_idle_s=0.5),
             access_log=False,
+            # No X-Forwarded-* rewriting (it trusts only 127.0.0.1, so in a cluster it never applied; the access log
+            # records the peer address) and no Server header (names our stack to scanners); Date stays (RFC 9110).
+            proxy_headers=False,
+            server_header=False,
             log_level="info",
         )
     )

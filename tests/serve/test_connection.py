@@ -88,6 +88,14 @@ def test_headers_within_the_limits_and_keep_alive_still_work(guarded: Server) ->
             time.sleep(0.4)  # a keep-alive pause shorter than the header deadline: the next request is fine
 
 
+def test_answers_name_no_server_and_keep_the_date(guarded: Server) -> None:
+    """uvicorn tuned as pipeline/serve/main.py sets it: no Server header (it names our stack), Date kept (RFC 9110)."""
+    answer = httpx.get(f"{guarded.url}/v2/health/live", headers={"X-Forwarded-For": "203.0.113.7"})
+    assert answer.status_code == 200
+    assert "server" not in answer.headers
+    assert answer.headers["date"].endswith(" GMT")
+
+
 def _load_until_refused(url: str, body: bytes, outcomes: Counter[str], stop: threading.Event) -> None:
     """One pooled keep-alive client sending requests back to back, as a load balancer or an SDK does."""
     with httpx.Client(base_url=url, timeout=30) as client:
