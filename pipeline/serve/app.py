@@ -247,7 +247,7 @@ class _Refused(Exception):
 
 class HotPath:
     """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) as one flat ASGI
-    callable, outermost: request id, auth, body limit and deadline, metrics and the access log inline, the
+    callable, outermost (it wraps the FastAPI app): request id, auth, body limit and deadline, metrics and the access log inline, the
     answer sent as two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and
     FastAPI's router and Request/Response objects were a quarter of a request's CPU (the profile in
     docs/serving.md). Each protection gives the answer the stack gives: 401 (compared in constant time), 413 by
@@ -415,7 +415,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
+def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
     metrics = Metrics(config.max_batch_size)
     signals = drift_signals(model, metrics.registry)
     sampler = None
@@ -807,8 +807,11 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(  # outermost: the inference routes answer here; the rest goes down the stack above
-        HotPath,
+    # Outside the FastAPI app itself, so that its own layers (Starlette's error middleware wrapping every send,
+    # FastAPI's telemetry and body-limit middlewares) stay off the inference routes: HotPath answers every error
+    # of its own. Everything else, the lifespan included, goes down to the app as before.
+    return HotPath(
+        app,
         predict=predict_answer,
         infer=infer_answer,
         metrics=metrics,
@@ -817,4 +820,3 @@ def create_app(config: ServeConfig, model: ServedModel) -> FastAPI:
         max_body_bytes=config.max_body_bytes,
         body_timeout_s=config.body_timeout_s,
     )
-    return app
