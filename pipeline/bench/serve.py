@@ -65,10 +65,10 @@ class Setup:
     body: str = "multipart"  # multipart (one file in `field`) | oip-json (an OIP v2 BYTES tensor, the base64 file)
 
 
-def png_images(prepared: Path, count: int, send: str = "png") -> list[tuple[bytes, int]]:
-    """What users send: the test split's original files, whole, re-encoded as PNG (as deploy's smoke test sends
-    them) or, with send="original", their bytes as they are (the JPEGs a camera wrote); the first `count`; the
-    prepared crops as PNG only when prepare kept no files (an older prepare)."""
+def files_as_sent(prepared: Path, count: int, send: str = "original") -> list[tuple[bytes, int]]:
+    """What users send, with each label: the test split's original files, whole, their bytes as they are (GTSRB's
+    PPMs, the JPEGs a camera wrote) or, with send="png", re-encoded as PNG (as deploy's smoke test sends them); the
+    first `count`; the prepared crops as PNG only when prepare kept no files (an older prepare)."""
     from pipeline.artifacts.prepared import read_test_files
     from pipeline.client import encode
 
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if not (args.models / "manifest.json").is_file() or not (args.models / "model.pt").is_file():
         raise SystemExit(f"loadtest: no trained model in {args.models}/ (run the pipeline up to optimize first)")
-    images = png_images(args.prepared, 645, args.send)
+    images = files_as_sent(args.prepared, 645, args.send)
     facts = machine_facts(wrk if args.client == "wrk" else None)
     print("machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()), flush=True)
 

@@ -246,15 +246,15 @@ class _Refused(Exception):
 
 
 class HotPath:
-    """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) as one flat ASGI
-    callable, outermost (it wraps the FastAPI app): request id, auth, body limit and deadline, metrics and the access log inline, the
-    answer sent as two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and
-    FastAPI's router and Request/Response objects were a quarter of a request's CPU (the profile in
-    docs/serving.md). Each protection gives the answer the stack gives: 401 (compared in constant time), 413 by
-    Content-Length and while streaming, 408 + close for a slow body (one timer for the whole body), 503 +
-    Retry-After, 504, JSON errors, the route's template as the metrics label. A multipart body the fast
-    splitter does not take (`protocol.multipart_files` None) and every other method and path go down the stack
-    as before: the body already read is replayed, under the same request id."""
+    """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) as one flat ASGI callable,
+    outermost (it wraps the FastAPI app): request id, auth, body limit and deadline, metrics and the access log inline,
+    the answer sent as two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and
+    FastAPI's router and Request/Response objects were a quarter of a request's CPU (the profile in docs/serving.md).
+    Each protection gives the answer the stack gives: 401 (compared in constant time), 413 by Content-Length and while
+    streaming, 408 + close for a slow body (one timer for the whole body), 503 + Retry-After, 504, JSON errors, the
+    route's template as the metrics label. A multipart body the fast splitter does not take (`protocol.multipart_files`
+    None) and every other method and path go down the stack as before: the body already read is replayed, under the same
+    request id."""
 
     def __init__(
         self,

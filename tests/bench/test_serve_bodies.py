@@ -47,11 +47,11 @@ def test_the_load_is_the_original_test_files_whole_as_png(tiny_project: Path) ->
     from PIL import Image
 
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.bench.serve import png_images
+    from pipeline.bench.serve import files_as_sent
 
     prepared = tiny_project / "data" / "prepared"
     originals = read_test_files(prepared)
-    sent = png_images(prepared, 5)
+    sent = files_as_sent(prepared, 5, "png")
     assert len(sent) == 5
     for (data, label), original in zip(sent, originals, strict=False):
         assert data.startswith(b"\x89PNG") and label == original.label
@@ -61,14 +61,14 @@ def test_the_load_is_the_original_test_files_whole_as_png(tiny_project: Path) ->
 
 def test_the_load_sends_the_test_files_as_png_or_as_they_are(tiny_project: Path) -> None:
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.bench.serve import png_images
+    from pipeline.bench.serve import files_as_sent
 
     prepared = tiny_project / "data" / "prepared"
     originals = read_test_files(prepared)[:5]
-    as_sent = png_images(prepared, 5, "original")
+    as_sent = files_as_sent(prepared, 5)
     assert [data for data, _ in as_sent] == [f.path.read_bytes() for f in originals]
     assert [label for _, label in as_sent] == [f.label for f in originals]
-    assert all(data.startswith(b"\x89PNG") for data, _ in png_images(prepared, 5))
+    assert all(data.startswith(b"\x89PNG") for data, _ in files_as_sent(prepared, 5, "png"))
 
 
 def test_an_upload_is_named_and_typed_by_its_real_format() -> None:
