@@ -13,7 +13,7 @@ measurement and stopped at the end; the measurements interleave: for each round 
   (c) reference  pipeline/bench/reference_server.py: the design issue #6 names (Arm's learning path): FastAPI,
                  one async /predict/ route, one uploaded file, PIL + torchvision transforms, one eager
                  PyTorch forward of our fp32 model (models/model.pt) per request
-Every request is a multipart upload of one original test file, whole, its own bytes as users send them (GTSRB's
+Every request is a multipart upload of one original test file, whole, its own bytes as users send them (the demo's
 PPMs, a photo data set's JPEGs; `--send png`: re-encoded as PNG, what deploy's smoke test sends; the script cycles
 through 64 of them). The load generator is wrk (Debian/Ubuntu: apt-get install wrk), one thread (-t1), so it takes
 at most one core; `--client httpx` uses a Python asyncio client instead (it competes with the server
@@ -66,7 +66,7 @@ class Setup:
 
 
 def files_as_sent(prepared: Path, count: int, send: str = "original") -> list[tuple[bytes, int]]:
-    """What users send, with each label: the test split's original files, whole, their bytes as they are (GTSRB's
+    """What users send, with each label: the test split's original files, whole, their bytes as they are (the demo's
     PPMs, the JPEGs a camera wrote) or, with send="png", re-encoded as PNG (as deploy's smoke test sends them); the
     first `count`; the prepared crops as PNG only when prepare kept no files (an older prepare)."""
     from pipeline.artifacts.prepared import read_test_files
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
                         "(f) LitServe, (g) BentoML, (h) MLServer, (i) KServe's ModelServer, (j) Ray Serve")  # fmt: skip
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk")
     parser.add_argument("--send", choices=["original", "png"], default="original",
-                        help="each test file's own bytes as users send them (GTSRB: PPM; photos: JPEG), or re-encoded "
+                        help="each test file's own bytes as users send them (the demo's: PPM; photos: JPEG), or re-encoded "
                         "as PNG (deploy's smoke test)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)

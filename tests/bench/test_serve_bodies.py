@@ -72,7 +72,7 @@ def test_the_load_sends_the_test_files_as_png_or_as_they_are(tiny_project: Path)
 
 
 def test_an_upload_is_named_and_typed_by_its_real_format() -> None:
-    """Original files go out as users' clients label them: a GTSRB PPM as image/x-portable-anymap, a JPEG as
+    """Original files go out as users' clients label them: the demo's PPMs as image/x-portable-anymap, a JPEG as
     image/jpeg, never a PPM called sign.png."""
     import io
 
