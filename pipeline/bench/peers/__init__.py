@@ -4,7 +4,9 @@ threads, framing; pipeline.serve.protocol.decode_images: decode + crop + resize)
 recommend for dynamic batching. They run in an environment of their own (the peers pin their own dependencies):
 
     uv venv .venv-peers && uv pip install --python .venv-peers litserve mlserver bentoml kserve 'ray[serve]' \\
-        onnxruntime pillow numpy pydantic pyyaml orjson python-multipart typer rich prometheus-client packaging
+        onnxruntime pillow pyspng numpy pydantic pyyaml orjson python-multipart typer rich prometheus-client packaging
+
+(pyspng: without it our decoding code falls back to PIL for PNGs in the peers' processes, not in ours.)
 """
 
 from __future__ import annotations
