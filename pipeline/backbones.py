@@ -78,13 +78,14 @@ def classifier_names(net: nn.Module) -> list[str]:
 class WeightsInfo:
     """Where a backbone's initial weights came from and the input they expect (recorded with the architecture)."""
 
-    source: str  # none | default | the path given
+    source: str  # none | default | the path given | random (auto found no pretrained file)
     file: str = ""  # the file read (default: in the library's cache)
     sha256: str = ""
     license: str = ""
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     interpolation: str = "bilinear"
+    note: str = ""  # why `auto` started from random weights
 
     def record(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -197,6 +198,11 @@ def resolve(name: str, weights: str, sha256: str = "") -> tuple[WeightsInfo, dic
     mean, std, interpolation, licence = _expected_input(name)
     if weights == "none":
         return WeightsInfo("none", interpolation=interpolation), None
+    if weights == "auto":  # the library's pretrained file when it can be had, else random weights, said so
+        try:
+            return resolve(name, "default")
+        except WeightsError as exc:
+            return WeightsInfo("random", interpolation=interpolation, note=str(exc)), None
     if weights == "default":
         path = _default_file(name)
     else:

@@ -19,7 +19,7 @@ from pipeline.errors import StageError
 
 app = typer.Typer(
     name="pipeline",
-    help="GTSRB MLOps pipeline: prepare, train, optimize, benchmark, evaluate, card, containerize, deploy; serve, monitor, predict.",
+    help="MLOps image-classification pipeline: prepare, train, optimize, benchmark, evaluate, card, containerize, deploy; serve, monitor, predict.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -57,6 +57,21 @@ def _run_stage(module: str, params_path: Path, serve_overrides: dict[str, object
         stage.run(params)
     except StageError as exc:
         _fail(str(exc))
+
+
+@app.command("params")
+def show_params(params_path: Path = ParamsOption) -> None:
+    """Print the params a run uses (params.yaml over the recipe over the defaults) and where each value came from."""
+    import yaml
+
+    from pipeline.config import explain
+
+    try:
+        rows = explain(yaml.safe_load(params_path.read_text()) if params_path.is_file() else {})
+    except ConfigError as exc:
+        _fail(str(exc))
+    for key, value, origin in rows:
+        typer.echo(f"{key} = {value!r}  ({origin})" if origin != "default" else f"{key} = {value!r}")
 
 
 @app.command()

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, Params, load_params, parse_params
+from pipeline.config import NAMED_KEYS, ConfigError, Params, load_params, parse_params
 from tests.helpers import REPO
 
 
@@ -68,20 +68,86 @@ def test_gtsrb_root_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_params_yaml_and_the_config_defaults_are_one_set() -> None:
-    """A key left out of a params file means what the shipped params.yaml says: the defaults agree, field by field."""
+    """A key params.yaml writes out means what config.py's default says; a key it leaves to the recipe (~) is set by
+    every built-in recipe; and params.yaml spells out every key, so it documents the whole configuration."""
     import yaml
 
-    shipped = load_params(REPO / "params.yaml")
-    defaults = Params()
-    default_values = defaults.model_dump()
+    from pipeline.config import read_recipe, recipe_names
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    defaults = Params().model_dump(mode="json")
+    shipped = load_params(REPO / "params.yaml").model_dump(mode="json")
+    named = {f"{s}.{k}" for s, k in NAMED_KEYS}
     differ = [
-        f"{section}.{key}: params.yaml {value!r}, config.py {default_values[section][key]!r}"
-        for section, fields in shipped.model_dump().items()
+        f"{section}.{key}: params.yaml {shipped[section][key]!r}, config.py {defaults[section][key]!r}"
+        for section, fields in raw.items()
+        if isinstance(fields, dict)
         for key, value in fields.items()
-        if default_values[section][key] != value
+        if value is not None and f"{section}.{key}" not in named and defaults[section][key] != shipped[section][key]
     ]
     assert differ == []
-    # ... and params.yaml spells out every key, so it documents the whole configuration.
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    missing = [f"{s}.{k}" for s, fields in defaults.model_dump().items() for k in fields if k not in raw.get(s, {})]
+    missing = [f"{s}.{k}" for s, fields in defaults.items() if isinstance(fields, dict) for k in fields
+               if k not in raw.get(s, {})]  # fmt: skip
     assert missing == []
+    left_to_recipe = {f"{s}.{k}" for s, fields in raw.items() if isinstance(fields, dict)
+                      for k, v in fields.items() if v is None}  # fmt: skip
+    assert len(left_to_recipe) > 10
+    assert set(recipe_names()) >= {"gtsrb", "photos"}
+    for recipe in recipe_names():
+        layer = read_recipe(recipe)
+        keys = {f"{s}.{k}" for s, fields in layer.items() for k in fields}
+        assert keys == left_to_recipe, f"recipe {recipe} and params.yaml's ~ keys differ: {keys ^ left_to_recipe}"
+
+
+def _raw(**data: object) -> dict[str, object]:
+    import yaml
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update(data)
+    return raw
+
+
+def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> None:
+    demo = parse_params(_raw())
+    assert (demo.recipe, demo.data.image_size, demo.model.name, demo.model.members) == ("gtsrb", 32, "signnet", 2)
+    assert demo.evaluate.min_accuracy == 0.985
+    photos = parse_params(_raw(source="folder", root=str(tmp_path / "pets")))
+    assert photos.recipe == "photos"
+    assert photos.data.image_size > 32 and photos.data.resize == "pad" and photos.augment.hflip
+    assert photos.evaluate.min_accuracy == 0.0 and not photos.train.train_on_val
+    forced = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": "gtsrb"})
+    assert (forced.recipe, forced.data.image_size, forced.model.members) == ("gtsrb", 32, 2)
+    # A recipe of your own: a YAML file of params.yaml's sections.
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data:\n  image_size: 48\nmodel:\n  width: 16\n")
+    own = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": str(mine)})
+    assert (own.data.image_size, own.model.width, own.model.members) == (48, 16, 1)
+    with pytest.raises(ConfigError, match="neither a built-in recipe"):
+        parse_params({**_raw(), "recipe": "nope"})
+
+
+def test_a_key_you_set_wins_over_the_recipe(tmp_path: Path) -> None:
+    raw = _raw(source="folder", root=str(tmp_path / "pets"), image_size=64)
+    raw["model"]["members"] = 3
+    raw["model"]["name"] = "signnet"
+    params = parse_params(raw)
+    assert (params.recipe, params.data.image_size, params.model.members, params.model.name) == ("photos", 64, 3, "signnet")
+    assert params.augment.hflip  # the rest is still the recipe's
+    # What a run used, written out and read back (the server's workers, tests), is the same params.
+    assert parse_params(params.model_dump(mode="json")) == params
+
+
+def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:
+    folder = tmp_path / "pets" / "train"
+    params = parse_params(_raw(source="folder", root=str(folder)))
+    names = [params.name, params.tracking.experiment, params.tracking.registered_model_name, params.serve.model_name,
+             params.serve.title, params.containerize.image, params.deploy.container_name]  # fmt: skip
+    assert names == ["pets", "pets", "pets-classifier", "pets", "pets image classifier", "pets-server", "pets-server"]
+    assert "gtsrb" not in repr(params.model_dump(exclude={"data"}))
+    named = parse_params({**_raw(source="folder", root=str(folder)), "name": "flowers"})
+    assert (named.tracking.registered_model_name, named.containerize.image) == ("flowers-classifier", "flowers-server")
+    demo = parse_params(_raw())
+    assert (demo.serve.model_name, demo.tracking.registered_model_name, demo.containerize.image) == (
+        "gtsrb", "gtsrb-classifier", "gtsrb-server")  # fmt: skip
+    with pytest.raises(ConfigError, match="name"):
+        parse_params({**_raw(), "name": "Not A Name"})

@@ -118,6 +118,12 @@ def weights_line(weights: dict[str, Any]) -> str:
     source = str(weights.get("source", "none"))
     if source == "none":
         return "- Initial weights: none (randomly initialised, trained on this data only)."
+    if source == "random":
+        return (
+            "- Initial weights: **random** — `model.weights: auto` found no pretrained weights "
+            f"({weights.get('note', '')}); the network learnt from this data only. Supply the weights file "
+            "(docs/own-model.md) for a far better model."
+        )
     what = "the library's pretrained weights" if source == "default" else "a weights file"
     licence = str(weights.get("license") or "not stated")
     return (

@@ -120,7 +120,7 @@ def initial_weights(params: Params) -> tuple[WeightsInfo | None, dict[str, torch
     unknown network, a missing file, another hash or a pickle that would run code is one line (StageError)."""
     m = params.model
     if not nets.is_backbone(m.name):
-        if m.weights != "none":
+        if m.weights not in ("none", "auto"):
             raise StageError(f"model.weights is {m.weights!r}, but {m.name} has no pretrained weights: use none")
         return None, None
     try:
@@ -496,7 +496,12 @@ def run(params: Params) -> None:
     weights, state = initial_weights(params)  # a bad name or weights file: one line, before any process starts
     if state is not None:
         build_model(params, manifest, weights, state)  # tensors that do not fit: the same, before any step
-    if weights is not None:
+    if weights is not None and weights.source == "random":
+        console.log(
+            f"WARNING {params.model.name}: no pretrained weights could be had, training from RANDOM weights "
+            f"(model.weights auto: {weights.note}); the model card says so"
+        )
+    elif weights is not None:
         console.log(
             f"{params.model.name}: weights {weights.source}"
             + (f" ({weights.file}, sha256 {weights.sha256[:12]})" if weights.file else "")
@@ -510,6 +515,8 @@ def run(params: Params) -> None:
     wall = time.perf_counter()
     with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
         mlrun.set_tags(_environment(params, world))
+        if weights is not None:
+            mlrun.set_tags({"initial_weights": weights.source, "initial_weights_sha256": weights.sha256 or "none"})
         _log_dataset(mlrun, manifest)
         if resume is not None:
             mlrun.set_tags({"resumed_from": str(resume.folder)})
