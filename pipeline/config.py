@@ -562,7 +562,8 @@ class Params(Section):
     recipe: str = Field("gtsrb", min_length=1)
     """The defaults under your keys: `auto` (gtsrb for the demo's data, photos for a folder or CSV), `gtsrb` (the
     demo's 32 px committee and its accuracy floor), `photos` (a network and input size for ordinary photos), or a
-    YAML file of your own (same sections as params.yaml). Parsed params hold the recipe that was applied."""
+    YAML file of your own (params.yaml's sections) over the built-in recipe `auto` would pick. It sets the keys
+    params.yaml leaves at ~. Parsed params hold the recipe that was applied."""
     name: str = Field("gtsrb", pattern=NAME_PATTERN)
     """Your project's name: the MLflow experiment, registered model, served model, image and container take it
     (each can still be set on its own). Empty: the data folder's name (`gtsrb` for the demo's data)."""
@@ -646,6 +647,14 @@ def name_of_data(source: str, root: Any) -> str:
     return "images"
 
 
+def recipe_layer(recipe: str, data_source: str, source: str = "params.yaml") -> dict[str, Any]:
+    """A built-in recipe's keys; a file of yours over the built-in recipe your data would get."""
+    layer = _without_nulls(read_recipe(recipe, source))
+    if recipe not in recipe_names():
+        layer = _merge(_without_nulls(read_recipe(RECIPE_FOR_SOURCE.get(data_source, "gtsrb"), source)), layer)
+    return layer
+
+
 def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
     """params.yaml's keys over the recipe's over the defaults, and the names made from `name`: what is validated."""
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
@@ -655,7 +664,7 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
         raise ConfigError(f"{source}: recipe: expected a recipe name or a YAML file, got {recipe!r}")
     if recipe == "auto":
         recipe = RECIPE_FOR_SOURCE.get(data_source, "gtsrb")
-    merged = _merge(_without_nulls(read_recipe(recipe, source)), _without_nulls(raw))
+    merged = _merge(recipe_layer(recipe, data_source, source), _without_nulls(raw))
     merged["recipe"] = recipe
     return merged
 
@@ -679,7 +688,7 @@ def explain(raw: Any, source: str = "params.yaml") -> list[tuple[str, Any, str]]
     """(key, value, origin) of every key a run uses: `params.yaml`, `recipe <name>`, `name` or `default`."""
     params = parse_params(raw, source)
     given = _without_nulls(raw) if isinstance(raw, dict) else {}
-    layer = _without_nulls(read_recipe(params.recipe, source))
+    layer = recipe_layer(params.recipe, params.data.source, source)
     chosen = source if raw.get("recipe") not in (None, "auto") else f"auto, for data.source {params.data.source}"
     rows: list[tuple[str, Any, str]] = [("recipe", params.recipe, chosen)]
     rows.append(("name", params.name, source if given.get("name") else "the data"))

@@ -119,9 +119,9 @@ def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> N
     assert (forced.recipe, forced.data.image_size, forced.model.members) == ("gtsrb", 32, 2)
     # A recipe of your own: a YAML file of params.yaml's sections.
     mine = tmp_path / "mine.yaml"
-    mine.write_text("data:\n  image_size: 48\nmodel:\n  width: 16\n")
+    mine.write_text("data:\n  image_size: 48\nmodel:\n  members: 3\n")
     own = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": str(mine)})
-    assert (own.data.image_size, own.model.width, own.model.members) == (48, 16, 1)
+    assert (own.data.image_size, own.model.members, own.model.name) == (48, 3, photos.model.name)
     with pytest.raises(ConfigError, match="neither a built-in recipe"):
         parse_params({**_raw(), "recipe": "nope"})
 
