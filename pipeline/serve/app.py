@@ -469,7 +469,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         flush_access_log()
 
     app = FastAPI(
-        title="GTSRB traffic-sign classifier",
+        title=config.title or f"{config.model_name} image classifier",
         version=model.version,
         description=(
             "Open Inference Protocol v2 (KServe/Triton/MLServer REST, incl. Triton's binary tensor "
@@ -552,7 +552,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
 
     @app.get("/v2", tags=["v2"])
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "gtsrb-pipeline", "version": model.version, "extensions": ["binary_tensor_data"]}
+        return {"name": f"{config.model_name}-server", "version": model.version, "extensions": ["binary_tensor_data"]}
 
     @app.get(
         "/v2/models/{name}", tags=["v2"], responses=_errors(404, e404="no model card describes the served variant")

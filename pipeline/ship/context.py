@@ -34,7 +34,7 @@ def wheel_cache_dir() -> Path:
     if env:
         return Path(env)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "gtsrb-pipeline" / "wheels"
+    return base / "image-pipeline" / "wheels"
 
 
 def read_requirements(path: Path = REQUIREMENTS_IN) -> list[str]:

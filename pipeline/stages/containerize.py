@@ -105,7 +105,7 @@ def run(params: Params) -> None:
         if not native:
             _ensure_emulation()
         wheels = ctx.download_wheels(f"linux/{arch}", ctx.wheel_cache_dir() / arch)
-        context_dir = Path(tempfile.mkdtemp(prefix=f"gtsrb-image-{arch}-"))
+        context_dir = Path(tempfile.mkdtemp(prefix=f"server-image-{arch}-"))
         digest = ctx.stage_context(context_dir, MODELS_DIR, model, wheels, Path("params.yaml"), f"linux/{arch}")
         platform_tags = tags if native else [f"{t}-{arch}" for t in tags]
         log(f"containerize: building {platform_tags[0]} for linux/{arch} from {base} ...")

@@ -37,7 +37,7 @@ def test_tritonclient_grpc_health_metadata_and_every_input_kind(grpc_server: tup
         and meta.inputs[0].datatype == "FP32"
         and list(meta.inputs[0].shape)[1:] == [3, server.image_size, server.image_size]
     )
-    assert client.is_model_ready("gtsrb", meta.versions[0]) and client.get_server_metadata().name == "gtsrb-pipeline"
+    assert client.is_model_ready("gtsrb", meta.versions[0]) and client.get_server_metadata().name == "gtsrb-server"
 
     pixels = np.ascontiguousarray(server.test_images[:5].transpose(0, 3, 1, 2))
     fp32 = (pixels / np.float32(255)).astype(np.float32)
