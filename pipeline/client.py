@@ -105,7 +105,9 @@ def infer_files(base_url: str, model_name: str, files: list[bytes], batch_size: 
     return predicted
 
 
-def multipart(files: list[bytes], kind: str = "png", boundary: str = "----pipeline-smoke-boundary") -> tuple[bytes, str]:
+def multipart(
+    files: list[bytes], kind: str = "png", boundary: str = "----pipeline-smoke-boundary"
+) -> tuple[bytes, str]:
     """A multipart body with each encoded image as a file (field `files`, image/`kind`), and its Content-Type."""
     parts = [
         f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{i}.{kind}"\r\n'

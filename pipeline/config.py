@@ -299,6 +299,9 @@ class ServeConfig(Section):
     """The API's title (OpenAPI, the model card); empty: `<name> image classifier`."""
     variant: str = "auto"
     """Model variant from models/manifest.json; `auto` = the benchmark stage's choice, else fp32-onnx."""
+    require_gate: bool = True
+    """Serve only a variant that evaluate's quality gate passed (reports/evaluate/gate.json names its file);
+    false: serve any variant, with a warning (development)."""
     backend: str = "auto"
     """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
     workers: int = Field(1, ge=1, le=64)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from PIL import Image, ImageFile
+from PIL import Image, ImageFile, ImageOps
 
 try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`pipeline bench decode`)
     import pyspng
@@ -32,6 +32,10 @@ ACCEPTED_FORMATS = ("PNG", "JPEG", "PPM", "BMP", "WEBP", "GIF")
 
 class BadImage(ValueError):
     """The bytes or file are not a decodable image (or are too large to decode safely)."""
+
+
+class UnsupportedFormat(BadImage):
+    """An image of a format the decoders do not take (HEIC, TIFF, ...): the server answers 415, naming them."""
 
 
 def box_with_margin(box: Box, margin: float, width: int, height: int) -> Box:
@@ -147,11 +151,12 @@ class Framing:
         return to_array(image, self.size, box, self.roi_margin, self.crop, self.resize, self.interpolation)
 
     def decode(self, image: Image.Image, box: Box | None = None) -> np.ndarray:
-        """An image opened by `peek_image`, decoded and framed: uint8 [S, S, 3] RGB. prepare, evaluate, predict and
-        the server all come here, so a photo gives the model the same pixels in each."""
+        """An image opened by `peek_image`, decoded, turned upright (EXIF orientation) and framed: uint8 [S, S, 3]
+        RGB. prepare, evaluate, predict and the server all come here, so a photo gives the model the same pixels in
+        each, however the camera stored it. A box is in the stored image's pixels (as GTSRB's CSVs give them)."""
         if box is None and self.reduced_jpeg_decode:
             self._reduce_jpeg_decode(image)
-        return self.array(load_image(image), box)
+        return self.array(upright(load_image(image)) if box is None else load_image(image), box)
 
     def _reduce_jpeg_decode(self, image: Image.Image) -> None:
         """A JPEG at least twice as large as what the framing keeps is decoded at 1/2, 1/4 or 1/8 of its size
@@ -169,6 +174,41 @@ class Framing:
             image.draft(None, (math.ceil(image.width * scale), math.ceil(image.height * scale)))
 
 
+# Image formats people send that the decoders do not take, by their first bytes: 415 names them.
+_OTHER_FORMATS = (
+    (4, (b"ftypheic", b"ftypheix", b"ftyphevc", b"ftypmif1", b"ftypmsf1"), "HEIC/HEIF"),
+    (4, (b"ftypavif",), "AVIF"),
+    (0, (b"II*\x00", b"MM\x00*"), "TIFF"),
+    (0, (b"8BPS",), "PSD"),
+)
+
+
+def _other_format(source: str | io.BytesIO) -> str:
+    """The name of a known image format PIL may not open here, from the first bytes; empty when unknown."""
+    try:
+        if isinstance(source, io.BytesIO):
+            head = source.getvalue()[:16]
+        else:
+            with open(source, "rb") as fh:
+                head = fh.read(16)
+    except OSError:
+        return ""
+    for offset, magics, name in _OTHER_FORMATS:
+        if any(head[offset : offset + len(m)] == m for m in magics):
+            return name
+    return ""
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """The image as it is meant to be seen: a phone's photo stored sideways with an EXIF Orientation tag is turned
+    (ImageOps.exif_transpose); images without the tag are returned as they are, uncopied."""
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+    except Exception:  # an unreadable EXIF block: the pixels are still the image
+        return image
+    return ImageOps.exif_transpose(image) if orientation in range(2, 9) else image
+
+
 def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Open an image file or bytes and read its header only (size checked against `max_pixels`);
     `load_image` decodes it. Any failure becomes BadImage."""
@@ -183,6 +223,12 @@ def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
     except Image.DecompressionBombError:  # PIL's own guard, for headers far beyond max_pixels
         raise BadImage(f"image is larger than {max_pixels} pixels") from None
     except Image.UnidentifiedImageError:
+        known = _other_format(source)
+        if known:
+            raise UnsupportedFormat(
+                f"{known} is not a supported image format (supported: {', '.join(ACCEPTED_FORMATS)}); convert it "
+                "to JPEG or PNG"
+            ) from None
         raise BadImage(f"not an image in an accepted format ({', '.join(ACCEPTED_FORMATS)})") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise BadImage(f"cannot decode image: {exc}") from None

@@ -253,6 +253,49 @@ def metrics_logger(config: TrackingConfig, run_id: str | None) -> Callable[[Mapp
     return log
 
 
+def _registry(params: Params) -> tuple[Any, str] | None:
+    """(MlflowClient, registered model name), or None when tracking is off."""
+    if not params.tracking.enabled:
+        return None
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=tracking_uri(params.tracking)), params.tracking.registered_model_name
+
+
+def champion_version(params: Params) -> Any | None:
+    """The registered model's version that the `champion` alias points at, or None (no registry, no alias yet)."""
+    registry = _registry(params)
+    if registry is None:
+        return None
+    import mlflow
+
+    client, name = registry
+    try:
+        return client.get_model_version_by_alias(name, "champion")
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def set_champion(params: Params, variant: str, sha256: str) -> str | None:
+    """Point the registry alias `champion` at the newest registered version of this variant file; its number."""
+    registry = _registry(params)
+    if registry is None:
+        return None
+    import mlflow
+
+    client, name = registry
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    matching = [v for v in versions if v.tags.get("variant") == variant and v.tags.get("sha256", sha256) == sha256]
+    if not matching:
+        return None
+    version = max(matching, key=lambda v: int(v.version))
+    client.set_registered_model_alias(name, "champion", version.version)
+    return str(version.version)
+
+
 MODEL_DEFINITION = Path(__file__).with_name("mlflow_model.py")  # models-from-code: loading imports, never unpickles
 
 

@@ -131,7 +131,12 @@ def test_a_key_you_set_wins_over_the_recipe(tmp_path: Path) -> None:
     raw["model"]["members"] = 3
     raw["model"]["name"] = "signnet"
     params = parse_params(raw)
-    assert (params.recipe, params.data.image_size, params.model.members, params.model.name) == ("photos", 64, 3, "signnet")
+    assert (params.recipe, params.data.image_size, params.model.members, params.model.name) == (
+        "photos",
+        64,
+        3,
+        "signnet",
+    )
     assert params.augment.hflip  # the rest is still the recipe's
     # What a run used, written out and read back (the server's workers, tests), is the same params.
     assert parse_params(params.model_dump(mode="json")) == params

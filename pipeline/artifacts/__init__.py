@@ -9,6 +9,7 @@ its writer and its reader, and one clear error (StageError) for a missing, forei
     image.py        reports/containerize/image.json                       containerize -> deploy
     benchmark_report.py  reports/benchmark/report.json                    benchmark -> card, `pipeline compare`
     evaluation.py   reports/evaluate/metrics.json                         evaluate -> card
+    gate.py         reports/evaluate/gate.json                            evaluate -> serve, containerize, card
     model_card.py   reports/model_card.{md,json}                          card -> containerize (the image), serve
 
 Nothing else in the package opens these files. Only model.py imports torch (lazily), so the server image,

@@ -184,7 +184,9 @@ class Service:
         return pb.ModelReadyResponse(ready=self.core.ready())
 
     async def server_metadata(self, _: pb.ServerMetadataRequest, __: str) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=f"{self.core.config.model_name}-server", version=self.core.version, extensions=[])
+        return pb.ServerMetadataResponse(
+            name=f"{self.core.config.model_name}-server", version=self.core.version, extensions=[]
+        )
 
     async def model_metadata(self, request: pb.ModelMetadataRequest, _: str) -> pb.ModelMetadataResponse:
         self.core.check_model(request.name, request.version or None)

@@ -44,10 +44,27 @@ def run(params: Params) -> None:
         if config.grpc_port == config.port:
             raise StageError(f"serve.grpc_port {config.grpc_port} is serve.port as well: give gRPC a port of its own")
         ensure_free(config.host, config.grpc_port, "serve.grpc_port (or --grpc-port)")
+    check_gate(params)
     if config.workers > 1:
         supervise(params)
     else:
         serve_one(params, None)
+
+
+def check_gate(params: Params) -> None:
+    """Serve only a variant evaluate's gate passed (serve.require_gate); otherwise a StageError naming why."""
+    from pipeline.artifacts import gate as gate_file
+    from pipeline.runtimes import read_manifest
+    from pipeline.serve.model import MANIFEST_NAME, choose_variant
+
+    if not (MODELS_DIR / MANIFEST_NAME).is_file():
+        return  # load_served_model says what is missing
+    variant, _ = choose_variant(MODELS_DIR, params.serve)
+    sha256 = read_manifest(MODELS_DIR).variant(variant).sha256
+    if params.serve.require_gate:
+        gate_file.require_passed(variant, sha256)
+    else:
+        log(f"WARNING serve: {variant} is served without checking evaluate's gate (serve.require_gate: false)")
 
 
 def serve_one(params: Params, sock: socket.socket | None, worker: int | None = None) -> None:

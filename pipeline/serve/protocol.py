@@ -15,7 +15,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from python_multipart.multipart import parse_options_header
 
-from pipeline.preprocess import BadImage, Box, Framing, peek_image
+from pipeline.preprocess import BadImage, Box, Framing, UnsupportedFormat, peek_image
 
 BINARY_HEADER = "inference-header-content-length"
 MAX_DIMENSION = 1 << 20  # any one tensor dimension; the real limits (batch, image side) are checked after
@@ -202,6 +202,8 @@ def peek_images(images: list[tuple[bytes, Box | None]], max_pixels: int) -> list
     for i, (data, box) in enumerate(images):
         try:
             opened.append((peek_image(data, max_pixels), box))
+        except UnsupportedFormat as exc:
+            raise BadRequest(f"image {i}: {exc}", 415) from None
         except BadImage as exc:
             raise BadRequest(f"image {i}: {exc}") from None
     return opened

@@ -156,6 +156,7 @@ class ModelChoice:
     version: str  # the first 12 hex digits of the variant file's SHA-256 (what the server reports)
     files: list[Path]  # relative to the models folder
     accuracy: float | None  # the variant's test accuracy as the optimize stage recorded it, when it did
+    sha256: str = ""  # the variant file's SHA-256 (what evaluate's gate record names)
 
 
 def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
@@ -194,7 +195,9 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     for rel in files:
         if not (models_dir / rel).is_file():
             raise StageError(f"{models_dir / rel} (variant {variant}) is missing")
-    return ModelChoice(variant=variant, version=entry.sha256[:12], files=files, accuracy=entry.accuracy)
+    return ModelChoice(
+        variant=variant, version=entry.sha256[:12], files=files, accuracy=entry.accuracy, sha256=entry.sha256
+    )
 
 
 def stage_context(
@@ -220,6 +223,10 @@ def stage_context(
     shutil.copy2(models_dir / "manifest.json", context / "app" / "models" / "manifest.json")
     # The model card, when one describes the shipped variant: the server shows it at /v1/model-card.
     (context / "app" / "reports").mkdir()
+    gate = reports_dir / "evaluate" / "gate.json"
+    if gate.is_file():  # evaluate's verdict travels with the variant: the server in the image checks it too
+        (context / "app" / "reports" / "evaluate").mkdir()
+        shutil.copy2(gate, context / "app" / "reports" / "evaluate" / "gate.json")
     card = model_card.read_markdown_for(model.variant, reports_dir)
     if card is not None:
         (context / "app" / "reports" / model_card.CARD_PATH.name).write_text(card)

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.artifacts import MODELS_DIR
+from pipeline.artifacts import gate as gate_file
 from pipeline.errors import StageError
 from pipeline.ship import context as ctx
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     platforms = args.platforms or ["linux/amd64", "linux/arm64"]
     try:
         model = ctx.choose_model(MODELS_DIR, args.variant)
+        gate_file.require_passed(model.variant, model.sha256)
         requirements: set[str] = set()
         for i, platform_name in enumerate(platforms):
             wheels = ctx.download_wheels(platform_name, ctx.wheel_cache_dir() / platform_name.split("/")[1])

@@ -5,8 +5,8 @@ own subprocess (so oneDNN, thread and fast-math switches apply before import), s
         --> reports/benchmark/report.json (machine facts + every result, failures included)
         --> reports/benchmark/table.md (GitHub job summary), results.csv (DVC plots), throughput.png
         --> reports/benchmark/profile.txt (where the chosen variant spends its time)
-        --> models/serving.json: the fastest variant x runtime for the server that passed the accuracy gate,
-            also set as the MLflow registry alias `champion`
+        --> models/serving.json: the fastest variant x runtime for the server that passed the accuracy gate
+            (evaluate's quality gate then decides whether it becomes the registry's `champion`)
 
 `pipeline compare REPORT...` merges reports of several machines (x86 and Arm runners) into one table.
 """
@@ -526,31 +526,6 @@ def headline(report: dict[str, Any], batch: int) -> dict[str, float | str]:
     return out
 
 
-def _set_champion(params: Params, manifest: Any, chosen: Result) -> str | None:
-    """Point the registry alias `champion` at the registered version of the chosen variant."""
-    if not params.tracking.enabled:
-        return None
-    import mlflow
-
-    from pipeline.tracking import tracking_uri
-
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri(params.tracking))
-    name = params.tracking.registered_model_name
-    try:
-        versions = client.search_model_versions(f"name='{name}'")
-    except mlflow.exceptions.MlflowException:
-        return None
-    sha = next(v.sha256 for v in manifest.variants if v.name == chosen.setup.variant)
-    matching = [
-        v for v in versions if v.tags.get("variant") == chosen.setup.variant and v.tags.get("sha256", sha) == sha
-    ]
-    if not matching:
-        return None
-    version = max(matching, key=lambda v: int(v.version))
-    client.set_registered_model_alias(name, "champion", version.version)
-    return str(version.version)
-
-
 def run(params: Params) -> None:
     from pipeline.machine import facts
     from pipeline.runtimes import read_manifest
@@ -612,19 +587,15 @@ def run(params: Params) -> None:
             profile(chosen.setup, manifest, REPORT_DIR / "profile.txt")
         else:  # still written: dvc.yaml declares it, and a stale profile must not pass for this run's
             (REPORT_DIR / "profile.txt").write_text("profiling disabled (benchmark.profile: false)\n")
-        version = _set_champion(params, manifest, chosen)
         for r in results:
             if r.status == "ok":
                 key = f"{r.setup.variant}.{r.setup.backend}.{r.setup.setting}.t{r.setup.threads}"
                 tracker.log_metrics({f"{key}.{k}": v for k, v in r.metrics.items()})
         for name in ("report.json", "table.md", "throughput.png", "profile.txt"):
             tracker.log_artifact(REPORT_DIR / name)
-        tracker.set_tags({"chosen": chosen.setup.label, "champion_version": str(version)})
+        tracker.set_tags({"chosen": chosen.setup.label})
         tracker.log_headline(served_headline(report, manifest, chosen))
-        log(
-            f"benchmark: serving {chosen.setup.label}"
-            + (f" (registry version {version} is champion)" if version else "")
-        )
+        log(f"benchmark: serving {chosen.setup.label}, if evaluate's quality gate passes it")
 
 
 def served_headline(report: dict[str, Any], manifest: Any, chosen: Result) -> dict[str, float]:

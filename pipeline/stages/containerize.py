@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import MODELS_DIR, REPORTS_DIR
+from pipeline.artifacts import gate as gate_file
 from pipeline.artifacts import image as image_file
 from pipeline.config import ContainerizeConfig, Params
 from pipeline.console import log
@@ -92,6 +93,7 @@ def run(params: Params) -> None:
             return
         raise
     model = ctx.choose_model(MODELS_DIR, config.variant)
+    gate_file.require_passed(model.variant, model.sha256)  # nothing is built that failed (or skipped) its gate
     revision, dirty = git_revision()
     short = revision[:12] + ("-dirty" if dirty else "")
     label_source = source_url(config)

@@ -13,7 +13,11 @@ predictions.json (artifacts.predictions: the shipped file's class for every test
 smoke test must get through the API, file for file), drift_reference.json (artifacts.drift_reference: the drift
 signals of pipeline/drift.py on the original files, which the image carries and `pipeline monitor --drift`
 compares live traffic with), and logs all of it to one MLflow run.
-`evaluate.min_accuracy` fails the stage (StageError) when the shipped model's accuracy is below it.
+The quality gate (reports/evaluate/gate.json, artifacts.gate) compares: the shipped variant within
+`evaluate.max_drop` of the trained model on the same files, no worse than the registered `champion` (its MLflow
+pyfunc model on this run's test files) by more than that, and above `evaluate.min_accuracy` where a recipe sets a
+floor. A failed gate fails the stage after writing the record, and `pipeline serve` and containerize refuse the
+variant; a passed one moves the registry's `champion` alias to it (`evaluate.champion`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 from pipeline import console
 from pipeline.artifacts import MODELS_DIR, REPORTS_DIR, drift_reference
 from pipeline.artifacts import evaluation as evaluation_file
+from pipeline.artifacts import gate as gate_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, read_manifest, read_test_files
@@ -156,6 +161,73 @@ def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any]
     plt.close(fig)
 
 
+def champion_accuracy(params: Params, shipped_sha256: str, classes: list[str], batch_size: int) -> Any:
+    """The registered champion (another file than this run's) measured on this run's original test files through
+    its MLflow pyfunc model, as any client loads it: artifacts.gate.Champion, or None (none yet, or no files)."""
+    from pipeline.tracking import champion_version, quiet_mlflow_logging
+
+    version = champion_version(params) if params.evaluate.champion else None
+    files = read_test_files(PREPARED_DIR)
+    if version is None or not files or version.tags.get("sha256") == shipped_sha256:
+        return None
+    import mlflow
+    import pandas as pd
+
+    with quiet_mlflow_logging():
+        model = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model_name}@champion")
+    correct = 0
+    for start in range(0, len(files), batch_size):
+        chunk = files[start : start + batch_size]
+        answers = model.predict(pd.DataFrame({"image": [f.path.read_bytes() for f in chunk]}))
+        correct += sum(str(a) == classes[f.label] for a, f in zip(answers["class_name"], chunk, strict=True))
+    return gate_file.Champion(
+        version=str(version.version), variant=str(version.tags.get("variant", "")), accuracy=correct / len(files)
+    )
+
+
+def quality_gate(params: Params, metrics: dict[str, Any], sha256: str, champion: Any) -> Any:
+    """The comparative gate (and a recipe's floor) on one set of test files: artifacts.gate.Gate."""
+    cfg = params.evaluate
+    accuracy, trained = float(metrics["accuracy"]), float(metrics["trained_accuracy"])
+    checks = [
+        gate_file.GateCheck(
+            name="trained",
+            passed=accuracy >= trained - cfg.max_drop - 1e-12,
+            detail=f"{metrics['variant']} {accuracy:.4f} against the trained model's {trained:.4f} on the same "
+            f"files (evaluate.max_drop {cfg.max_drop})",
+        )
+    ]
+    if cfg.min_accuracy > 0:
+        checks.append(
+            gate_file.GateCheck(
+                name="floor",
+                passed=accuracy >= cfg.min_accuracy,
+                detail=f"test accuracy {accuracy:.4f} of {metrics['variant']} ({metrics['measured_on']}) against "
+                f"evaluate.min_accuracy {cfg.min_accuracy:.4f} ({metrics['errors']} of {metrics['images']} test "
+                "images wrong)",
+            )
+        )
+    if champion is not None:
+        checks.append(
+            gate_file.GateCheck(
+                name="champion",
+                passed=accuracy >= champion.accuracy - cfg.max_drop - 1e-12,
+                detail=f"{metrics['variant']} {accuracy:.4f} against the champion's {champion.accuracy:.4f} (version "
+                f"{champion.version}, {champion.variant}) on the same files (evaluate.max_drop {cfg.max_drop})",
+            )
+        )
+    return gate_file.Gate(
+        passed=all(c.passed for c in checks),
+        variant=str(metrics["variant"]),
+        sha256=sha256,
+        accuracy=accuracy,
+        trained_accuracy=trained,
+        images=int(metrics["images"]),
+        checks=checks,
+        champion=champion,
+    )
+
+
 def open_shipped(params: Params) -> Any:
     """The variant the image ships, through the server's loader on ONNX Runtime (what the image runs)."""
     from pipeline.serve.model import load_served_model
@@ -163,7 +235,7 @@ def open_shipped(params: Params) -> Any:
 
     shipped = choose_model(MODELS_DIR, params.containerize.variant)
     config = params.serve.model_copy(update={"variant": shipped.variant, "backend": "onnxruntime", "workers": 1})
-    return load_served_model(MODELS_DIR, config)
+    return load_served_model(MODELS_DIR, config), shipped.sha256
 
 
 def run(params: Params) -> None:
@@ -177,7 +249,7 @@ def run(params: Params) -> None:
             f"{model_file.MODEL_PATH} was trained at {payload['arch']['image_size']} px but {PREPARED_DIR} holds "
             f"{manifest.image_size} px images: rerun `pipeline train`"
         )
-    shipped = open_shipped(params)
+    shipped, shipped_sha256 = open_shipped(params)
     if shipped.image_size != manifest.image_size:
         raise StageError(
             f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
@@ -263,11 +335,22 @@ def run(params: Params) -> None:
             f"{metrics['trained_accuracy']:.4f} / {metrics['trained_roi_accuracy']:.4f}"
             + (f"; worst: {worst}" if worst else "")
         )
-        mlrun.set_tags({"gate": "passed" if metrics["accuracy"] >= cfg.min_accuracy else "failed"})
-    if metrics["accuracy"] < cfg.min_accuracy:
+        champion = champion_accuracy(params, shipped_sha256, classes, cfg.batch_size)
+        gate = quality_gate(params, metrics, shipped_sha256, champion)
+        gate_file.write(gate)
+        mlrun.log_artifact(gate_file.GATE_PATH, "reports")
+        mlrun.set_tags({"gate": "passed" if gate.passed else "failed"})
+        if champion is not None:
+            mlrun.log_metrics({"champion_test_accuracy": champion.accuracy})
+        for check in gate.checks:
+            console.log(f"evaluate: gate {check.name} {'passed' if check.passed else 'FAILED'}: {check.detail}")
+        if gate.passed and cfg.champion:
+            from pipeline.tracking import set_champion
+
+            version = set_champion(params, shipped.variant, shipped_sha256)
+            if version:
+                console.log(f"evaluate: registry version {version} ({shipped.variant}) is now the champion")
+    if not gate.passed:
         raise StageError(
-            f"quality gate failed: test accuracy {metrics['accuracy']:.4f} of {shipped.variant} "
-            f"({metrics['measured_on']}) is below evaluate.min_accuracy "
-            f"{cfg.min_accuracy:.4f} ({metrics['errors']} of {metrics['images']} test images wrong; "
-            f"see {EVAL_REPORTS / 'metrics.json'})"
+            f"quality gate failed, {shipped.variant} is not served: {gate.failures()} (see {gate_file.GATE_PATH})"
         )
