@@ -24,6 +24,7 @@ from tests.helpers.digits import write_digits_folder
 
 def digits_params(work: Path, digits: Path, **tune_section: object) -> dict[str, object]:
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["recipe"] = "gtsrb"  # tiny images: the small-network recipe, not the photos one
     raw["data"].update({"source": "folder", "root": str(digits), "image_size": 8, "download": False})
     raw["model"].update({"width": 8, "members": 1})
     raw["train"].update({"batch_size": 64, "threads": 1})

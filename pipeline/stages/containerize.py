@@ -85,6 +85,9 @@ def run(params: Params) -> None:
     config = params.containerize
     if ":" in config.image.rsplit("/", 1)[-1]:
         raise StageError(f"containerize.image {config.image!r}: give the repository only; the stage sets the tags")
+    if (MODELS_DIR / "manifest.json").is_file():  # nothing is built (or skipped) that evaluate's gate did not pass
+        chosen = ctx.choose_model(MODELS_DIR, config.variant)
+        gate_file.require_passed(chosen.variant, chosen.sha256)
     try:
         engine = eng.find_engine("containerize.skip_without_engine")
     except eng.NoEngine as exc:
@@ -93,7 +96,7 @@ def run(params: Params) -> None:
             return
         raise
     model = ctx.choose_model(MODELS_DIR, config.variant)
-    gate_file.require_passed(model.variant, model.sha256)  # nothing is built that failed (or skipped) its gate
+    gate_file.require_passed(model.variant, model.sha256)
     revision, dirty = git_revision()
     short = revision[:12] + ("-dirty" if dirty else "")
     label_source = source_url(config)

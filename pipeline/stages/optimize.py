@@ -35,7 +35,7 @@ OPTIMIZE_REPORTS = REPORTS_DIR / "optimize"
 def register_variants(params: Params, manifest: variants_file.ModelManifest) -> list[int]:
     """Each accepted variant logged as an MLflow model of the active run (tracking.log_variant_model: it classifies
     image files as the server does) and registered as a version of `tracking.registered_model_name`, tagged;
-    returns the version numbers. The benchmark stage moves the `champion` alias."""
+    returns the version numbers. Evaluate moves the `champion` alias once its gate passes one."""
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException

@@ -132,8 +132,13 @@ def test_gate_failure_message_names_the_shipped_variant(project: Path) -> None:
         evaluate.run(params_of(project, min_accuracy=min(1.0, measured + 0.001)))
     message = str(failure.value)
     shipped = json.loads((project / "models/serving.json").read_text())["variant"]
-    assert message.startswith(f"quality gate failed: test accuracy {measured:.4f} of {shipped} (original files, whole)")
-    assert "is below evaluate.min_accuracy" in message and "\n" not in message
+    assert message.startswith(
+        f"quality gate failed, {shipped} is not served: test accuracy {measured:.4f} of {shipped} (original files, "
+        "whole) against evaluate.min_accuracy"
+    )
+    assert "\n" not in message
+    gate = json.loads((project / "reports/evaluate/gate.json").read_text())
+    assert not gate["passed"] and [c["name"] for c in gate["checks"] if not c["passed"]] == ["floor"]
 
 
 def test_without_the_benchmarks_choice_it_refuses_in_one_line(project: Path) -> None:
@@ -147,3 +152,90 @@ def test_missing_model_is_a_stage_error(project: Path) -> None:
     (project / "models/model.pt").unlink()
     with pytest.raises(StageError, match="run `pipeline train` first"):
         evaluate.run(params_of(project))
+
+
+def _make_worse(project: Path) -> str:
+    """Turn the shipped ONNX file into a worse model (every logit of class 0 raised: it answers 0 almost always),
+    recorded as the same variant in the manifest and the benchmark's choice; returns its sha256."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    choice = json.loads((project / "models/serving.json").read_text())
+    manifest = json.loads((project / "models/manifest.json").read_text())
+    entry = next(v for v in manifest["variants"] if v["name"] == choice["variant"])
+    path = project / "models" / entry["file"]
+    model = onnx.load(str(path))
+    graph = model.graph
+    output = graph.output[0].name
+    bias = np.zeros(len(manifest["classes"]), dtype=np.float32)
+    bias[0] = 1000.0
+    graph.initializer.append(numpy_helper.from_array(bias, "worse_bias"))
+    for node in graph.node:  # the last node now writes an inner name; the Add writes the output
+        node.output[:] = [f"{output}_inner" if o == output else o for o in node.output]
+    graph.node.append(helper.make_node("Add", [f"{output}_inner", "worse_bias"], [output]))
+    path.unlink()  # a DVC cache link: write a new file rather than through it
+    onnx.save(model, str(path))
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    entry["sha256"] = sha
+    (project / "models/manifest.json").write_text(json.dumps(manifest))
+    choice["sha256"] = sha
+    (project / "models/serving.json").write_text(json.dumps(choice))
+    return sha
+
+
+def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_worse_one(
+    project: Path, tmp_path: Path
+) -> None:
+    """A first run has no champion: the comparative gate passes it and makes it the champion. A worse second model on
+    the same test files fails against the champion (measured through its MLflow pyfunc model); the record names both
+    figures, and neither `pipeline serve` nor containerize takes the failed variant."""
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from pipeline.artifacts import variants as variants_file
+    from pipeline.ports import free_port
+    from pipeline.stages import containerize
+    from pipeline.stages.optimize import register_variants
+
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["tracking"] = {"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "shop"}
+    raw["name"] = "shop"
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = parse_params(raw)
+    mlflow.set_tracking_uri(params.tracking.uri)
+    mlflow.set_experiment("shop")
+    with mlflow.start_run():
+        register_variants(params, variants_file.read_manifest(project / "models"))
+
+    evaluate.run(params)  # the first run: nothing to compare with but the trained model
+    first = json.loads((project / "reports/evaluate/gate.json").read_text())
+    assert first["passed"] and first["champion"] is None
+    assert [c["name"] for c in first["checks"]] == ["trained"]
+    client = mlflow.MlflowClient(params.tracking.uri)
+    champion = client.get_model_version_by_alias("shop-classifier", "champion")
+    assert champion.tags["sha256"] == first["sha256"]
+
+    worse = _make_worse(project)
+    with pytest.raises(StageError, match=r"quality gate failed, .* is not served: .*against the champion's") as failed:
+        evaluate.run(params)
+    gate = json.loads((project / "reports/evaluate/gate.json").read_text())
+    assert not gate["passed"] and gate["sha256"] == worse
+    assert gate["champion"]["version"] == str(champion.version)
+    assert gate["champion"]["accuracy"] == pytest.approx(first["accuracy"])  # the champion, re-measured on these files
+    assert gate["accuracy"] < first["accuracy"] - params.evaluate.max_drop
+    assert {c["name"] for c in gate["checks"] if not c["passed"]} >= {"champion"}
+    assert "\n" not in str(failed.value)
+    # The champion stays where it was.
+    assert client.get_model_version_by_alias("shop-classifier", "champion").version == champion.version
+
+    served = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(free_port())],
+        cwd=project, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert served.returncode == 2 and "failed evaluate's quality gate" in served.stderr, served.stderr
+    with pytest.raises(StageError, match="failed evaluate's quality gate"):
+        containerize.run(params)
