@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image, ImageFile
 
 try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`pipeline bench decode`)
     import pyspng
@@ -156,7 +156,10 @@ class Framing:
         each, however the camera stored it. A box is in the stored image's pixels (as GTSRB's CSVs give them)."""
         if box is None and self.reduced_jpeg_decode:
             self._reduce_jpeg_decode(image)
-        return self.array(upright(load_image(image)) if box is None else load_image(image), box)
+        if box is not None:
+            return self.array(load_image(image), box)
+        orientation = exif_orientation(image)  # from the file as opened: libspng's decode carries no EXIF
+        return self.array(upright(load_image(image), orientation), box)
 
     def _reduce_jpeg_decode(self, image: Image.Image) -> None:
         """A JPEG at least twice as large as what the framing keeps is decoded at 1/2, 1/4 or 1/8 of its size
@@ -199,14 +202,31 @@ def _other_format(source: str | io.BytesIO) -> str:
     return ""
 
 
-def upright(image: Image.Image) -> Image.Image:
-    """The image as it is meant to be seen: a phone's photo stored sideways with an EXIF Orientation tag is turned
-    (ImageOps.exif_transpose); images without the tag are returned as they are, uncopied."""
+# EXIF Orientation tag -> the transpose that shows the stored pixels upright (what ImageOps.exif_transpose applies).
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF Orientation tag of an opened image (1, upright, when there is none or it cannot be read)."""
     try:
-        orientation = image.getexif().get(0x0112, 1)
+        return int(image.getexif().get(0x0112, 1))
     except Exception:  # an unreadable EXIF block: the pixels are still the image
-        return image
-    return ImageOps.exif_transpose(image) if orientation in range(2, 9) else image
+        return 1
+
+
+def upright(image: Image.Image, orientation: int) -> Image.Image:
+    """The image as it is meant to be seen: a phone's photo stored turned, with an EXIF Orientation tag, is turned
+    back; an upright one is returned as it is, uncopied."""
+    method = _UPRIGHT.get(orientation)
+    return image if method is None else image.transpose(method)
 
 
 def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -> Image.Image:

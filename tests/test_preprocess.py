@@ -228,3 +228,36 @@ def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_the_same_in_prepare_a
         with peek_image(path.read_bytes()) as image:
             framing.decode(image, box)
             assert image.size == (1000, 750), why
+
+
+@pytest.mark.parametrize("kind", ["JPEG", "PNG", "WEBP"])
+def test_a_photo_stored_turned_with_its_exif_orientation_gives_the_upright_pixels(kind: str) -> None:
+    """Phones store a photo's pixels as the sensor read them and say how to turn them (EXIF Orientation 2-8): the one
+    decode turns them upright, from bytes (the server, libspng for PNG) and from a file (prepare) alike."""
+    import io
+
+    from PIL import Image
+
+    from pipeline.preprocess import Framing, peek_image
+
+    rng = np.random.default_rng(0)
+    upright = Image.fromarray(rng.integers(0, 256, (30, 50, 3), dtype=np.uint8)).resize((100, 60))
+    stored_as = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_90",
+                 7: "TRANSVERSE", 8: "ROTATE_270"}  # fmt: skip
+    framing = Framing(size=24, resize="pad")
+    options = {"quality": 100, "subsampling": 0} if kind == "JPEG" else {"lossless": True} if kind == "WEBP" else {}
+
+    def encoded(image: Image.Image, tag: int = 1) -> bytes:
+        exif = Image.Exif()
+        if tag != 1:
+            exif[0x0112] = tag
+        out = io.BytesIO()
+        image.save(out, kind, exif=exif, **options)
+        return out.getvalue()
+
+    expected = framing.decode(peek_image(encoded(upright)))
+    for tag, method in stored_as.items():
+        data = encoded(upright.transpose(getattr(Image.Transpose, method)), tag)
+        got = framing.decode(peek_image(data))
+        tolerance = 3 if kind == "JPEG" else 0  # JPEG's blocks fall elsewhere on turned pixels
+        assert np.abs(got.astype(int) - expected.astype(int)).max() <= tolerance, (kind, tag)

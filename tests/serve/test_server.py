@@ -271,6 +271,10 @@ def _huge_png_header() -> bytes:
     return head + struct.pack(">I", 0) + b"IDAT" + struct.pack(">I", zlib.crc32(b"IDAT"))
 
 
+# The first bytes of an iPhone photo (an ISO base media file of brand heic): what a phone sends unconverted.
+HEIC_HEAD = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64)
+
+
 def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> None:
     url = server.url
     good = png(server.test_images[0])
@@ -280,6 +284,7 @@ def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> Non
         ("text body", httpx.post(f"{url}/v1/predict", content=b"abc", headers={"content-type": "text/plain"}), 415, "text/plain"),
         ("garbage image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"not an image")}), 400, "image 0: not an image in an accepted format"),
         ("truncated image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", good[: len(good) // 2])}), 400, "image 0"),
+        ("a phone's HEIC", httpx.post(f"{url}/v1/predict", files={"files": ("x.heic", HEIC_HEAD)}), 415, "HEIC/HEIF is not a supported image format (supported: PNG, JPEG"),
         ("huge dimensions", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", _huge_png_header())}), 400, "larger than"),
         ("oversized body", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"0" * (server.max_body + 1))}), 413, "larger than"),
         ("no files", httpx.post(f"{url}/v1/predict", files={"note": (None, "hello")}), 400, "no image files"),
