@@ -398,3 +398,39 @@ def test_the_tuned_winner_goes_through_the_pipeline_in_one_command(project: tupl
     assert (work / "reports/model_card.md").is_file() and (work / "models/serving.json").is_file()
     shown = run([*dvc, "exp", "show", "--json"], work, env)
     assert f'"lr": {best["train.lr"]}' in shown
+
+
+def test_queued_experiments_on_the_demo_and_on_a_folder_run_with_their_data_copied_in(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    """`dvc exp run --queue` runs each experiment in a fresh copy of the commit, where the raw data (a git-ignored
+    link, or a folder of yours) is not: `-C <data>` copies it in (docs/experiments.md), no absolute path needed."""
+    import time
+
+    from tests.helpers.digits import write_digits_folder
+
+    work, env = project
+    write_digits_folder(work / "my-digits")
+    with (work / ".gitignore").open("a") as ignore:
+        ignore.write("/my-digits/\n")
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["tracking"]["enabled"] = False
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    run(["git", "add", "-A"], work, env)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"], work, env)
+    env = dict(env, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    dvc = [sys.executable, "-m", "dvc"]
+    run([*dvc, "exp", "run", "--queue", "prepare", "-n", "demo-16", "-S", "data.image_size=16", "-C", "data/raw"],
+        work, env)  # fmt: skip
+    run([*dvc, "exp", "run", "--queue", "prepare", "-n", "digits", "-S", "data.source=folder",
+         "-S", "data.root=my-digits", "-S", "data.image_size=8", "-C", "my-digits"], work, env)  # fmt: skip
+    run([*dvc, "queue", "start", "-j", "1"], work, env)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = run([*dvc, "queue", "status"], work, env)
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(3)
+    assert status.count("Success") == 2, status + run([*dvc, "queue", "logs", "digits"], work, env)
+    shown = run([*dvc, "exp", "show", "--csv", "--keep", "Experiment|test_images|data.root"], work, env)
+    assert "demo-16" in shown and "digits" in shown and "my-digits" in shown, shown

@@ -75,7 +75,7 @@ def split_by_track(
 
 def list_source(config: DataConfig) -> Listing:
     """The files of `data.source`: every class has training files, none is only in test (listing.py checks)."""
-    root = config.resolved_root()
+    root = raw_root(config)
     if config.source == "gtsrb":
         log(f"prepare: reading GTSRB from {root}")
         return gtsrb.listing(root, config.download)
@@ -253,10 +253,19 @@ def write_reports(
 DVC_STAGE_ENV = "DVC_STAGE"  # set by DVC for every stage command it runs
 
 
+def raw_root(config: DataConfig) -> Path:
+    """The raw data prepare reads: under DVC the folder dvc.yaml tracks (`${data.root}`, also a queued experiment's
+    copy of it, `dvc exp run --queue -C data/raw`), else data.root or $GTSRB_ROOT."""
+    queued_copy = Path(".dvc", "tmp", "exps").as_posix() in Path.cwd().as_posix()  # where DVC runs a queued experiment
+    if os.environ.get(DVC_STAGE_ENV) and queued_copy and config.root.exists():
+        return config.root
+    return config.resolved_root()
+
+
 def check_tracked_root(config: DataConfig) -> None:
     """Under DVC, the raw data read must be the folder dvc.yaml tracks (`${data.root}`): $GTSRB_ROOT pointing
     elsewhere would make `dvc status` blind to added, removed or changed images, so it is refused in one line."""
-    read, tracked = config.resolved_root(), config.root
+    read, tracked = raw_root(config), config.root
     if os.environ.get(DVC_STAGE_ENV) and read.resolve() != tracked.resolve():
         raise StageError(
             f"{GTSRB_ROOT_ENV}={read} is not the data DVC tracks (data.root: {tracked}), so adding or changing an "
