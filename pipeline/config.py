@@ -659,8 +659,8 @@ def recipe_layer(recipe: str, data_source: str, source: str = "params.yaml") -> 
 
 
 def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
-    """params.yaml's keys over the recipe's over the defaults, and the names made from `name`: what is validated."""
-    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    """params.yaml's keys (nulls left out) over the recipe's: what Params validates (its names: with_names)."""
+    data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     data_source = str(data.get("source") or "gtsrb")
     recipe = raw.get("recipe") or "auto"
     if not isinstance(recipe, str):
@@ -674,7 +674,7 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
 
 def with_names(raw: dict[str, Any]) -> dict[str, Any]:
     """`name` (else the data's name) and every empty key of NAMED_KEYS made from it."""
-    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     name = raw.get("name") or name_of_data(str(data.get("source") or "gtsrb"), data.get("root"))
     named: dict[str, Any] = {**raw, "name": name}
     for (section, key), template in NAMED_KEYS.items():

@@ -38,6 +38,13 @@ CONFUSIONS_PER_CLASS = 3
 SMALL_QUANTILE = 0.25
 
 
+def _gate() -> dict[str, Any] | None:
+    """evaluate's gate record, when evaluate wrote one."""
+    from pipeline.artifacts import gate as gate_file
+
+    return gate_file.read().model_dump(mode="json") if gate_file.GATE_PATH.is_file() else None
+
+
 def run(params: Params) -> None:
     prepared = read_manifest(PREPARED_DIR)
     evaluation = evaluation_file.read()
@@ -131,6 +138,9 @@ def build(
         num_classes=manifest.num_classes,
         image_size=manifest.image_size,
         recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},
+        recipe_name=params.recipe,
+        title=params.serve.title,
+        gate=_gate(),
         data=model_card.DataFacts(
             dataset=prepared.dataset,
             classes=prepared.classes,
