@@ -172,14 +172,15 @@ class TrainConfig(Section):
     needs a folder every node sees (a shared filesystem): the train stage checks that it is."""
     eval_batch_size: int = Field(512, ge=1, le=65536)
     backbone_lr_factor: float = Field(0.1, ge=0.0, le=1.0)
-    """torchvision/timm networks: the backbone's learning rate is `lr` times this; the classifier's is `lr`
-    (fine-tuning pretrained features more gently than the fresh head). Our own networks train as one."""
+    """torchvision/timm networks with pretrained weights: the backbone's learning rate is `lr` times this; the
+    classifier's is `lr` (fine-tuning pretrained features more gently than the fresh head). Random weights, and our
+    own networks, train as one."""
     early_stopping_patience: int = Field(0, ge=0, le=1000)
     """With validation held out (`train_on_val: false`): stop after this many epochs without a better validation
     accuracy and keep the best epoch's weights; 0 = off (the shipped recipe trains on validation)."""
     freeze_backbone_epochs: int = Field(0, ge=0)
-    """torchvision/timm networks: the backbone's learning rate is 0 for this many first epochs (the fresh head
-    settles before the pretrained features move)."""
+    """torchvision/timm networks with pretrained weights: the backbone's learning rate is 0 for this many first
+    epochs (the fresh head settles before the pretrained features move); nothing is frozen from random weights."""
     data_from: Literal["workspace", "dvc-remote"] = "workspace"
     """Where training reads data/prepared: `workspace` (this folder, as `dvc repro` leaves it), or `dvc-remote`:
     the version this repository's dvc.lock records, read straight from the DVC remote by ranged reads (no

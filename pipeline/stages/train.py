@@ -197,8 +197,11 @@ def worker(
     # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
     model = build_model(params, manifest, weights, state).to(device=d.device)
     model = distributed.wrap_model(model, t.strategy, d)
-    frozen_steps = t.freeze_backbone_epochs * loader.steps_per_epoch
-    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, t.backbone_lr_factor, frozen_steps)
+    # A gentler, or frozen, backbone protects pretrained features; random weights have none to protect.
+    pretrained = state is not None
+    frozen_steps = t.freeze_backbone_epochs * loader.steps_per_epoch if pretrained else 0
+    lr_factor = t.backbone_lr_factor if pretrained else 1.0
+    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, lr_factor, frozen_steps)
     forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
 
     trainer: dict[str, Any] = {
