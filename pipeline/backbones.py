@@ -141,6 +141,7 @@ def _default_file(name: str) -> Path:
         cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
         if not cached.is_file():
             try:
+                _reachable(url)
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 torch.hub.download_url_to_file(url, str(cached), progress=False)
             except Exception as exc:  # no network, proxy, disk: one line with the fix
@@ -157,13 +158,27 @@ def _default_file(name: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(cfg.hf_hub_id, "model.safetensors"))
+        try:
+            return Path(hf_hub_download(cfg.hf_hub_id, "model.safetensors", local_files_only=True))
+        except Exception:  # not cached: download it, when the Hub answers at all (else no minute of retries)
+            _reachable("https://huggingface.co")
+            return Path(hf_hub_download(cfg.hf_hub_id, "model.safetensors"))
     except Exception as exc:
         raise WeightsError(
             f"model.weights default: {cfg.hf_hub_id}/model.safetensors is not in the Hugging Face cache (HF_HOME) "
             f"and cannot be downloaded ({type(exc).__name__}); on a machine with internet run "
             f"`python -c \"import timm; timm.create_model('{arch}', pretrained=True)\"` and copy HF_HOME here"
         ) from None
+
+
+def _reachable(url: str, timeout_s: float = 5.0) -> None:
+    """An OSError at once when `url`'s host does not answer (no network): libraries would retry for a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(url).hostname or ""
+    with socket.create_connection((host, 443), timeout=timeout_s):
+        pass
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
