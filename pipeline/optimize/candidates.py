@@ -380,10 +380,12 @@ def build_manifest(
 def markdown_table(manifest: ModelManifest) -> str:
     gate_images = next((v.details.get("gate_images") for v in manifest.variants if "gate_images" in v.details), None)
     with_val = any("val_accuracy" in v.details for v in manifest.variants)
-    what = "test files + held-out validation" if with_val else "test files; validation was trained on"
-    gate = f"{gate_images} served images ({what})" if gate_images else "the test split"
+    what = (
+        "validation accuracy, held out" if with_val else "top-1 agreement with fp32 on the test files, no labels read"
+    )
+    gate = f"{gate_images} served images, {what}" if gate_images else "the test split's crops"
     lines = [
-        f"Gate: top-1 on {gate}, fp32 {manifest.baseline_accuracy:.4f}; a variant ships within "
+        f"Gate: {gate}; fp32 {manifest.baseline_accuracy:.4f}; a variant ships within "
         f"{100 * manifest.max_accuracy_drop:.2f} points of it.",
         "",
         "| variant | format | top-1 (ROI crops) | served top-1 (test files, whole) | gate top-1 | drop (points) "
