@@ -73,7 +73,6 @@ NAMES: list[tuple[str, str, str]] = [
     ("docker/README.md", "gtsrb-pipeline", "{project_name}"),
     ("docker/README.md", "gtsrb-server", "{image_name}"),
     ("docker/README.md", "on the real GTSRB test split", "on the template's demo test split"),
-    ("models/README.md", "gtsrb-classifier", "{registered_model_name}"),
     # deployment manifests and the release workflow
     *[
         (f"deploy/k8s/{name}", "gtsrb-server", "{image_name}")
