@@ -215,9 +215,16 @@ _UPRIGHT = {
 
 
 def exif_orientation(image: Image.Image) -> int:
-    """The EXIF Orientation tag of an opened image (1, upright, when there is none or it cannot be read)."""
+    """The EXIF Orientation tag of an opened image, from the EXIF block its header carried (JPEG's APP1, WEBP's and
+    PNG's eXIf before the pixels): read without decoding (PIL's getexif() would decode a PNG to look further). 1,
+    upright, when there is none or it cannot be read."""
+    data = image.info.get("exif")
+    if not isinstance(data, bytes | bytearray) or not data:
+        return 1
     try:
-        return int(image.getexif().get(0x0112, 1))
+        exif = Image.Exif()
+        exif.load(bytes(data))
+        return int(exif.get(0x0112, 1))
     except Exception:  # an unreadable EXIF block: the pixels are still the image
         return 1
 
