@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.config import parse_params
 from tests.helpers.project import GIT_IDENTITY, make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
@@ -82,7 +83,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
         assert time.monotonic() < deadline, status
         time.sleep(5)
     assert status.count("Success") == len(EXPERIMENTS), status + run([*DVC, "queue", "logs", "lr-low"], work, env)
-    experiment = MlflowClient(stack.tracking_uri).get_experiment_by_name(params["tracking"]["experiment"])
+    experiment = MlflowClient(stack.tracking_uri).get_experiment_by_name(parse_params(params).tracking.experiment)
     return Sweep(stack, work, env, experiment.experiment_id, params)
 
 
@@ -150,7 +151,7 @@ def test_the_champion_loads_with_mlflow_pyfunc_and_classifies_files_as_served(sw
 
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ
     client = MlflowClient(sweep.stack.tracking_uri)
-    name = sweep.params["tracking"]["registered_model_name"]
+    name = parse_params(sweep.params).tracking.registered_model_name
     champion = client.get_model_version_by_alias(name, "champion")
     optimize_run = client.get_run(champion.run_id)
     experiment = client.get_run(optimize_run.data.tags["mlflow.parentRunId"]).info.run_name

@@ -185,7 +185,7 @@ def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -
         "registered_model_name": "acme-classifier",
     }
     assert 'description = "Acme parts from camera images to a served model"' in (project / "pyproject.toml").read_text()
-    assert 'title="Acme part classifier"' in (project / "pipeline/serve/app.py").read_text()
+    assert '  title: "Acme part classifier"' in (project / "params.yaml").read_text()
     assert (project / "README.md").read_text().startswith("# acme-vision\n")
     assert "name: acme-server\n" in (project / "deploy/k8s/deployment.yaml").read_text()
     assert "ghcr.io/${OWNER,,}/acme-server" in (project / ".github/workflows/release.yml").read_text()
