@@ -100,15 +100,19 @@ def test_params_yaml_and_the_config_defaults_are_one_set() -> None:
 
 
 def _raw(**data: object) -> dict[str, object]:
+    """params.yaml with these data keys, its names left to `name` (a generated project writes its own in)."""
     import yaml
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["data"].update(data)
+    raw["name"] = ""
+    for section, key in NAMED_KEYS:
+        raw[section][key] = ""
     return raw
 
 
 def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> None:
-    demo = parse_params(_raw())
+    demo = parse_params(_raw(source="gtsrb", root="data/raw"))
     assert (demo.recipe, demo.data.image_size, demo.model.name, demo.model.members) == ("gtsrb", 32, "signnet", 2)
     assert demo.evaluate.min_accuracy == 0.985
     photos = parse_params(_raw(source="folder", root=str(tmp_path / "pets")))
@@ -123,7 +127,7 @@ def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> N
     own = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": str(mine)})
     assert (own.data.image_size, own.model.members, own.model.name) == (48, 3, photos.model.name)
     with pytest.raises(ConfigError, match="neither a built-in recipe"):
-        parse_params({**_raw(), "recipe": "nope"})
+        parse_params({**_raw(source="gtsrb"), "recipe": "nope"})
 
 
 def test_a_key_you_set_wins_over_the_recipe(tmp_path: Path) -> None:
@@ -151,8 +155,9 @@ def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:
     assert "gtsrb" not in repr(params.model_dump(exclude={"data"}))
     named = parse_params({**_raw(source="folder", root=str(folder)), "name": "flowers"})
     assert (named.tracking.registered_model_name, named.containerize.image) == ("flowers-classifier", "flowers-server")
-    demo = parse_params(_raw())
+    demo = parse_params(_raw(source="gtsrb", root="data/raw"))
+    n = demo.name  # the demo's data: its own name, and the demo's names made from it
     assert (demo.serve.model_name, demo.tracking.registered_model_name, demo.containerize.image) == (
-        "gtsrb", "gtsrb-classifier", "gtsrb-server")  # fmt: skip
+        n, f"{n}-classifier", f"{n}-server")  # fmt: skip
     with pytest.raises(ConfigError, match="name"):
-        parse_params({**_raw(), "name": "Not A Name"})
+        parse_params({**_raw(source="gtsrb"), "name": "Not A Name"})
