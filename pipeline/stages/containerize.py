@@ -85,9 +85,10 @@ def run(params: Params) -> None:
     config = params.containerize
     if ":" in config.image.rsplit("/", 1)[-1]:
         raise StageError(f"containerize.image {config.image!r}: give the repository only; the stage sets the tags")
+    model = None
     if (MODELS_DIR / "manifest.json").is_file():  # nothing is built (or skipped) that evaluate's gate did not pass
-        chosen = ctx.choose_model(MODELS_DIR, config.variant)
-        gate_file.require_passed(chosen.variant, chosen.sha256)
+        model = ctx.choose_model(MODELS_DIR, config.variant)
+        gate_file.require_passed(model.variant, model.sha256)
     try:
         engine = eng.find_engine("containerize.skip_without_engine")
     except eng.NoEngine as exc:
@@ -95,8 +96,8 @@ def run(params: Params) -> None:
             skipped(str(exc))
             return
         raise
-    model = ctx.choose_model(MODELS_DIR, config.variant)
-    gate_file.require_passed(model.variant, model.sha256)
+    if model is None:
+        model = ctx.choose_model(MODELS_DIR, config.variant)  # says what is missing
     revision, dirty = git_revision()
     short = revision[:12] + ("-dirty" if dirty else "")
     label_source = source_url(config)

@@ -161,7 +161,9 @@ def write_reports(labels: np.ndarray, preds: np.ndarray, metrics: dict[str, Any]
     plt.close(fig)
 
 
-def champion_accuracy(params: Params, shipped_sha256: str, classes: list[str], batch_size: int) -> Any:
+def champion_accuracy(
+    params: Params, shipped_sha256: str, classes: list[str], batch_size: int
+) -> gate_file.Champion | None:
     """The registered champion (another file than this run's) measured on this run's original test files through
     its MLflow pyfunc model, as any client loads it: artifacts.gate.Champion, or None (none yet, or no files)."""
     from pipeline.tracking import champion_version, quiet_mlflow_logging
@@ -185,7 +187,9 @@ def champion_accuracy(params: Params, shipped_sha256: str, classes: list[str], b
     )
 
 
-def quality_gate(params: Params, metrics: dict[str, Any], sha256: str, champion: Any) -> Any:
+def quality_gate(
+    params: Params, metrics: dict[str, Any], sha256: str, champion: gate_file.Champion | None
+) -> gate_file.Gate:
     """The comparative gate (and a recipe's floor) on one set of test files: artifacts.gate.Gate."""
     cfg = params.evaluate
     accuracy, trained = float(metrics["accuracy"]), float(metrics["trained_accuracy"])
