@@ -93,6 +93,24 @@ def evaluate(params: Path = ParamsOption) -> None:
 
 
 @app.command()
+def promote(
+    version: str = typer.Option(
+        "", help="A registered version to point `champion` at (default: what evaluate passed)."
+    ),
+    params: Path = ParamsOption,
+) -> None:
+    """Point the registry's `champion` alias at the variant evaluate's gate passed (or at --version): what is released."""
+    from pipeline.tracking import promote as promote_champion
+
+    loaded = _load(params)
+    try:
+        moved = promote_champion(loaded, version)
+    except StageError as exc:
+        _fail(str(exc))
+    typer.echo(f"{loaded.tracking.registered_model_name} version {moved} is the champion")
+
+
+@app.command()
 def optimize(params: Path = ParamsOption) -> None:
     """Prune, quantize and export the trained model into verified variants."""
     _run_stage("optimize", params)

@@ -229,7 +229,12 @@ class EvaluateConfig(Section):
     same test files (0.01 = one point)."""
     champion: bool = True
     """Compare with the registered model's `champion` (its MLflow pyfunc model, on the same test files) when one
-    exists, and point `champion` at this run's variant when the gate passes."""
+    exists."""
+    promote: Literal["auto", "always", "never"] = "auto"
+    """Whether a passed gate points `champion` at this run's variant. `auto`: yes, except on a pull request or
+    another branch than the default one in GitHub Actions, and in queued or temporary DVC experiments (sweeps
+    compare, they do not promote); `never`: only `pipeline promote` moves it. What is released is what `champion`
+    names (docs/ci.md)."""
     worst_classes: int = Field(5, ge=0, le=256)
     """How many of the least accurate classes to report."""
     batch_size: int = Field(512, ge=1, le=65536)
@@ -571,6 +576,10 @@ class Params(Section):
     name: str = Field("gtsrb", pattern=NAME_PATTERN)
     """Your project's name: the MLflow experiment, registered model, served model, image and container take it
     (each can still be set on its own). Empty: the data folder's name (`gtsrb` for the demo's data)."""
+    memory_gb: float = Field(4.0, ge=0.0, le=65536.0)
+    """The resident memory a stage may use on the CPU, in GB: evaluation batches larger than fit at the data's image
+    size are lowered, and a training batch is stepped as micro-batches whose gradients add up (the same update).
+    Logged when it happens; 0 = no limit (pipeline/memory_budget.py)."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

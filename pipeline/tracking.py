@@ -276,6 +276,39 @@ def champion_version(params: Params) -> Any | None:
         return None
 
 
+def why_not_promote(policy: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str:
+    """Why evaluate's passed gate must not move `champion` on this run ("" when it may): evaluate.promote `never`;
+    with `auto`, a pull request or another branch than the default one in GitHub Actions, or a queued / temporary
+    DVC experiment (a sweep). `always` moves it wherever the gate passed; `pipeline promote` moves it by hand."""
+    env = os.environ if env is None else env
+    if policy == "always":
+        return ""
+    if policy == "never":
+        return "evaluate.promote is never"
+    if env.get("GITHUB_ACTIONS") == "true":
+        event = env.get("GITHUB_EVENT_NAME", "")
+        if event.startswith("pull_request"):
+            return "a pull request's run"
+        default = _default_branch(env.get("GITHUB_EVENT_PATH", ""))
+        branch = env.get("GITHUB_REF_NAME", "")
+        if env.get("GITHUB_REF", "").startswith("refs/heads/") and default and branch != default:
+            return f"a run on branch {branch}, not the default branch {default}"
+    where = (cwd or Path.cwd()).resolve().as_posix()
+    if "/.dvc/tmp/exps/" in where + "/":
+        return "a queued or temporary DVC experiment (a sweep)"
+    return ""
+
+
+def _default_branch(event_path: str) -> str:
+    """The repository's default branch, from the GitHub event's payload ("" when it does not say)."""
+    try:
+        event = json.loads(Path(event_path).read_text())
+    except (OSError, ValueError):
+        return ""
+    repository = event.get("repository") if isinstance(event, dict) else None
+    return str(repository.get("default_branch") or "") if isinstance(repository, dict) else ""
+
+
 def set_champion(params: Params, variant: str, sha256: str) -> str | None:
     """Point the registry alias `champion` at the newest registered version of this variant file; its number."""
     registry = _registry(params)
@@ -294,6 +327,33 @@ def set_champion(params: Params, variant: str, sha256: str) -> str | None:
     version = max(matching, key=lambda v: int(v.version))
     client.set_registered_model_alias(name, "champion", version.version)
     return str(version.version)
+
+
+def promote(params: Params, version: str = "") -> str:
+    """`pipeline promote`: point `champion` at registered `version`, or (by default) at the version of the variant
+    file evaluate's gate passed; its number. A StageError names what is missing or failed."""
+    from pipeline.artifacts import gate as gate_file
+
+    registry = _registry(params)
+    if registry is None:
+        raise StageError("tracking.enabled is false: there is no registry whose champion to move")
+    import mlflow
+
+    client, name = registry
+    if not version:
+        gate = gate_file.read()
+        if not gate.passed:
+            raise StageError(f"evaluate's gate failed {gate.variant}: {gate.failures()}; nothing to promote")
+        moved = set_champion(params, gate.variant, gate.sha256)
+        if moved is None:
+            raise StageError(f"{name} has no registered version of {gate.variant} (sha256 {gate.sha256[:12]})")
+        return moved
+    try:
+        client.get_model_version(name, version)
+    except mlflow.exceptions.MlflowException:
+        raise StageError(f"{name} has no version {version}") from None
+    client.set_registered_model_alias(name, "champion", version)
+    return version
 
 
 MODEL_DEFINITION = Path(__file__).with_name("mlflow_model.py")  # models-from-code: loading imports, never unpickles

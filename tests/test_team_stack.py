@@ -26,6 +26,7 @@ from tests.helpers.project import GIT_IDENTITY, make_project, run, tiny_pipeline
 
 pytestmark = pytest.mark.slow
 EXPERIMENTS = {"lr-low": "0.002", "lr-high": "0.006"}
+PROMOTED = "lr-high"  # the one `pipeline promote` makes champion after the sweep
 DVC = [sys.executable, "-m", "dvc"]
 
 
@@ -66,7 +67,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     # is named by its absolute path there (or `dvc add`ed), as a user's sweep does it
     params["data"]["root"] = str(Path(env["GTSRB_ROOT"]).resolve())
     params["train"]["train_on_val"] = False  # a sweep chooses a recipe: validation held out, val_accuracy reported
-    params["evaluate"]["max_drop"] = 1.0  # two tiny models on the sample: each passes, the later one is champion
+    params["evaluate"]["max_drop"] = 1.0  # two tiny models on the sample: each passes its gate
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(env, MLFLOW_TRACKING_URI=stack.tracking_uri, **GIT_IDENTITY)  # no S3 keys: artifacts are proxied
@@ -83,7 +84,13 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
         assert time.monotonic() < deadline, status
         time.sleep(5)
     assert status.count("Success") == len(EXPERIMENTS), status + run([*DVC, "queue", "logs", "lr-low"], work, env)
-    experiment = MlflowClient(stack.tracking_uri).get_experiment_by_name(parse_params(params).tracking.experiment)
+    client = MlflowClient(stack.tracking_uri)
+    experiment = client.get_experiment_by_name(parse_params(params).tracking.experiment)
+    # A sweep compares; it never moves the champion. The team picks one and promotes it on purpose.
+    name = parse_params(params).tracking.registered_model_name
+    assert client.get_registered_model(name).aliases == {}
+    run([*DVC, "exp", "apply", PROMOTED], work, env)
+    assert "is the champion" in run([sys.executable, "-m", "pipeline.cli", "promote"], work, env)
     return Sweep(stack, work, env, experiment.experiment_id, params)
 
 
@@ -139,8 +146,8 @@ def test_a_queued_sweep_is_one_parent_run_per_experiment_in_postgres_and_s3(swee
 
 
 def test_the_champion_loads_with_mlflow_pyfunc_and_classifies_files_as_served(sweep: Sweep) -> None:
-    """`models:/gtsrb-classifier@champion` through the server alone (no S3 keys here): the variant of the experiment
-    whose evaluate gate passed it last, and on the test split's original files the classes optimize measured it serving."""
+    """`models:/<name>-classifier@champion` through the server alone (no S3 keys here): the variant of the experiment
+    `pipeline promote` promoted, and on the test split's original files the classes optimize measured it serving."""
     import mlflow
     import pandas as pd
     from mlflow import MlflowClient
@@ -155,6 +162,7 @@ def test_the_champion_loads_with_mlflow_pyfunc_and_classifies_files_as_served(sw
     champion = client.get_model_version_by_alias(name, "champion")
     optimize_run = client.get_run(champion.run_id)
     experiment = client.get_run(optimize_run.data.tags["mlflow.parentRunId"]).info.run_name
+    assert experiment == PROMOTED
     run([*DVC, "exp", "apply", experiment], sweep.work, sweep.env)
     manifest = read_manifest(sweep.work / "models")
     choice = read_choice(sweep.work / "models")

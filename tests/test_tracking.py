@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -53,3 +54,23 @@ def test_a_store_mlflow_refuses_is_one_line_through_the_cli(
     assert "MLflow tracking at file:" in result.output and "cannot be used" in result.output
     assert "MLFLOW_TRACKING_URI" in result.output
     assert not (tmp_path / "data" / "prepared").exists()
+
+
+def test_only_runs_of_the_default_branch_promote_by_default(tmp_path: Path) -> None:
+    from pipeline.tracking import why_not_promote
+
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"repository": {"default_branch": "main"}}))
+    ci = {"GITHUB_ACTIONS": "true", "GITHUB_EVENT_PATH": str(event)}
+    on_main = {**ci, "GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"}
+    assert why_not_promote("auto", on_main, tmp_path) == ""
+    assert why_not_promote("auto", {}, tmp_path) == ""  # a run on your machine
+    pull_request = {**ci, "GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/7/merge"}
+    assert "pull request" in why_not_promote("auto", pull_request, tmp_path)
+    branch = {**on_main, "GITHUB_REF": "refs/heads/try-lr", "GITHUB_REF_NAME": "try-lr"}
+    assert "branch try-lr" in why_not_promote("auto", branch, tmp_path)
+    queued = tmp_path / "repo/.dvc/tmp/exps/tmpabc"
+    queued.mkdir(parents=True)
+    assert "sweep" in why_not_promote("auto", {}, queued)
+    assert why_not_promote("always", pull_request, queued) == ""
+    assert why_not_promote("never", on_main, tmp_path) != ""

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from pipeline import console, nets
+from pipeline.artifacts.prepared import read_manifest
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, training_images
+from pipeline.memory_budget import Budget
 from pipeline.training.distributed import amp_dtype
 from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr, recalibrate_batchnorm
 
@@ -39,10 +41,13 @@ def train_from_teacher(
     batch = min(cfg.finetune_batch_size, len(split))
     loader = TrainLoader(split, batch, cfg.seed, augment=AugmentConfig.of(params.augment))
     optim = make_optimizer(model, "adamw", lr, params.regularize.weight_decay)
+    budget = Budget.of(params.memory_gb, model, read_manifest().image_size)
+    micro_batch = budget.micro_batch(batch, nets.count_parameters(model), "optimize.finetune_batch_size")
     total = epochs * loader.steps_per_epoch
     amp = amp_dtype(params.train.amp, torch.device("cpu"))
     loss = Loss(label_smoothing=params.regularize.label_smoothing, teacher=teacher, distill=distill, teacher_amp=amp)
-    engine = Engine(model, optim, lambda s: one_cycle_lr(s, total, lr, warmup_fraction), loss, amp=amp, seed=cfg.seed)
+    schedule = lambda s: one_cycle_lr(s, total, lr, warmup_fraction)  # noqa: E731
+    engine = Engine(model, optim, schedule, loss, amp=amp, seed=cfg.seed, micro_batch=micro_batch)
     step = 0
     torch.manual_seed(cfg.seed)
     model.train()
@@ -58,7 +63,7 @@ def train_from_teacher(
         # Library networks' BatchNorm momenta are small (0.01 in MobileNetV3): after a short fine-tune their running
         # statistics lag the pruned network's, so they are re-estimated as train does (our networks: as before).
         spread = torch.linspace(0, len(split) - 1, min(len(split), 2048)).long()
-        recalibrate_batchnorm(model, split.images[spread], batch, amp=amp)
+        recalibrate_batchnorm(model, split.images[spread], micro_batch, amp=amp)
     return model.eval()
 
 

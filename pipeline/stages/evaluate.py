@@ -36,6 +36,7 @@ from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, read_manifest, read_test_files
 from pipeline.config import Params
 from pipeline.errors import StageError
+from pipeline.memory_budget import Budget
 from pipeline.metrics import compute_metrics
 from pipeline.served import served_test_input
 from pipeline.tracking import stage_run
@@ -254,6 +255,10 @@ def run(params: Params) -> None:
             f"{manifest.image_size} px images: rerun `pipeline train`"
         )
     shipped, shipped_sha256 = open_shipped(params)
+    # Both networks run each batch: the trained one's layer outputs stand for the shipped one's (never larger).
+    batch_size = Budget.of(params.memory_gb, model, manifest.image_size).eval_batch(
+        cfg.batch_size, "evaluate.batch_size"
+    )
     if shipped.image_size != manifest.image_size:
         raise StageError(
             f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
@@ -270,13 +275,11 @@ def run(params: Params) -> None:
         trained_logits = torch_logits(model)
         # The shipped file as the server runs it, and the trained model beside it: on the prepared crops (deploy's
         # FP32 tensors), and on the original files as the server decodes them (what the drift reference counts).
-        originals = served_test_input(PREPARED_DIR, cfg.batch_size)
+        originals = served_test_input(PREPARED_DIR, batch_size)
         counts = drift_counts(classes, originals or test, originals is not None)
-        roi, trained_roi = classify(
-            test, shipped, trained_logits, cfg.batch_size, counts if originals is None else None
-        )
+        roi, trained_roi = classify(test, shipped, trained_logits, batch_size, counts if originals is None else None)
         served, trained = (None, trained_roi) if originals is None else classify(
-            originals, shipped, trained_logits, cfg.batch_size, counts
+            originals, shipped, trained_logits, batch_size, counts
         )  # fmt: skip
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
         metrics = {
@@ -339,7 +342,7 @@ def run(params: Params) -> None:
             f"{metrics['trained_accuracy']:.4f} / {metrics['trained_roi_accuracy']:.4f}"
             + (f"; worst: {worst}" if worst else "")
         )
-        champion = champion_accuracy(params, shipped_sha256, classes, cfg.batch_size)
+        champion = champion_accuracy(params, shipped_sha256, classes, batch_size)
         gate = quality_gate(params, metrics, shipped_sha256, champion)
         gate_file.write(gate)
         mlrun.log_artifact(gate_file.GATE_PATH, "reports")
@@ -348,12 +351,16 @@ def run(params: Params) -> None:
             mlrun.log_metrics({"champion_test_accuracy": champion.accuracy})
         for check in gate.checks:
             console.log(f"evaluate: gate {check.name} {'passed' if check.passed else 'FAILED'}: {check.detail}")
-        if gate.passed and cfg.champion:
-            from pipeline.tracking import set_champion
+        if gate.passed:
+            from pipeline.tracking import set_champion, why_not_promote
 
-            version = set_champion(params, shipped.variant, shipped_sha256)
-            if version:
+            reason = why_not_promote(cfg.promote)
+            version = None if reason else set_champion(params, shipped.variant, shipped_sha256)
+            if reason:
+                console.log(f"evaluate: the champion stays where it is ({reason}); `pipeline promote` moves it")
+            elif version:
                 console.log(f"evaluate: registry version {version} ({shipped.variant}) is now the champion")
+            mlrun.set_tags({"promoted": version or "no"})
     if not gate.passed:
         raise StageError(
             f"quality gate failed, {shipped.variant} is not served: {gate.failures()} (see {gate_file.GATE_PATH})"

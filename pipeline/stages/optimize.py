@@ -26,6 +26,7 @@ from pipeline.artifacts import model as model_file
 from pipeline.artifacts import variants as variants_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
 from pipeline.config import Params
+from pipeline.memory_budget import Budget
 from pipeline.optimize.candidates import Optimizer, build_manifest, markdown_table
 from pipeline.tracking import stage_run, tracking_uri
 
@@ -100,6 +101,8 @@ def run(params: Params) -> None:
     model_file.check_against(payload, model_file.MODEL_PATH, len(prepared.classes), prepared.image_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    fitted = Budget.of(params.memory_gb, model, prepared.image_size).eval_batch(cfg.batch_size, "optimize.batch_size")
+    params = params.model_copy(update={"optimize": cfg.model_copy(update={"batch_size": fitted})})
     staging = MODELS_DIR / "variants.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

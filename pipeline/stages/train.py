@@ -45,6 +45,7 @@ from pipeline.backbones import WeightsInfo
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
+from pipeline.memory_budget import Budget
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
 from pipeline.training import distributed
@@ -196,6 +197,7 @@ def worker(
     weights, state = initial_weights(params)
     # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
     model = build_model(params, manifest, weights, state).to(device=d.device)
+    budget = Budget.of(params.memory_gb, model, manifest.image_size, d.device)
     model = distributed.wrap_model(model, t.strategy, d)
     # A gentler, or frozen, backbone protects pretrained features; random weights have none to protect.
     pretrained = state is not None
@@ -203,6 +205,9 @@ def worker(
     lr_factor = t.backbone_lr_factor if pretrained else 1.0
     optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, lr_factor, frozen_steps)
     forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
+    per_process = -(-t.batch_size // world)
+    micro_batch = budget.micro_batch(per_process, nets.count_parameters(model), "train.batch_size", d.main)
+    eval_batch_size = budget.eval_batch(t.eval_batch_size, "train.eval_batch_size", d.main)
 
     trainer: dict[str, Any] = {
         "history": [],
@@ -239,6 +244,7 @@ def worker(
         d=d,
         amp=amp,
         seed=t.seed,
+        micro_batch=micro_batch,
     )
 
     step = loader.epoch * spe + loader.step_in_epoch
@@ -308,7 +314,7 @@ def worker(
         val_acc = (
             None
             if val_split is None
-            else accuracy(model, eval_batches(val_split, t.eval_batch_size, d.rank, d.world), d, amp)
+            else accuracy(model, eval_batches(val_split, eval_batch_size, d.rank, d.world), d, amp)
         )
         entry = {
             "epoch": epoch + 1,
@@ -344,7 +350,7 @@ def worker(
         # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
         # EfficientNet): re-estimated on up to 2,048 training images, so eval mode sees this data's statistics.
         spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
-        recalibrate_batchnorm(model, loader.split.images[spread], t.eval_batch_size // 4 or 1, d, amp)
+        recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
     if last_saved != step:
         distributed.buffers_from_rank0(model, t.strategy, d)
         ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)

@@ -10,6 +10,7 @@ gradients over the processes, so every process's gradient is that of the global 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable
@@ -114,6 +115,7 @@ class Engine:
         d: Dist = SINGLE,
         amp: torch.dtype | None = None,
         seed: int = 0,
+        micro_batch: int = 0,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -123,6 +125,8 @@ class Engine:
         self.d = d
         self.amp = amp
         self.seed = seed
+        self.micro_batch = micro_batch
+        """Step each batch as parts of at most this many images, gradients added up (0: whole); memory_budget."""
 
     def step(self, step: int, images: torch.Tensor, labels: torch.Tensor, global_size: int) -> float:
         """One update at global step `step` on this process's share of a global batch of `global_size`;
@@ -132,14 +136,21 @@ class Engine:
             frozen = step < int(group.get("frozen_steps", 0))
             group["lr"] = 0.0 if frozen else lr * float(group.get("lr_scale", 1.0))
         torch.manual_seed(step_seed(self.seed, step, self.d.rank))  # dropout: reproducible on resume
-        images = images.to(self.d.device, non_blocking=True)
-        labels = labels.to(self.d.device, non_blocking=True)
-        with autocast(self.d.device, self.amp):
-            logits = self.forward(images)
-        total, per_member = self.loss.sums(logits, labels, images)
-        loss = total * (self.d.world / global_size)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        size = self.micro_batch or len(images)
+        per_member = 0.0
+        for start in range(0, len(images), size):
+            part = images[start : start + size].to(self.d.device, non_blocking=True)
+            part_labels = labels[start : start + size].to(self.d.device, non_blocking=True)
+            last = start + size >= len(images)
+            # DDP all-reduces gradients once, on the last micro-batch (FSDP2 reduces on each: the same sum).
+            sync = self.model.no_sync() if not last and hasattr(self.model, "no_sync") else contextlib.nullcontext()
+            with sync:
+                with autocast(self.d.device, self.amp):
+                    logits = self.forward(part)
+                total, part_per_member = self.loss.sums(logits, part_labels, part)
+                (total * (self.d.world / global_size)).backward()  # sums: micro-batches add up to the batch's
+            per_member += part_per_member
         self.optimizer.step()
         return per_member
 

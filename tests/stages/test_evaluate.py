@@ -186,7 +186,7 @@ def _make_worse(project: Path) -> str:
 
 
 def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_worse_one(
-    project: Path, tmp_path: Path
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A first run has no champion: the comparative gate passes it and makes it the champion. A worse second model on
     the same test files fails against the champion (measured through its MLflow pyfunc model); the record names both
@@ -211,11 +211,18 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
     with mlflow.start_run():
         register_variants(params, variants_file.read_manifest(project / "models"))
 
-    evaluate.run(params)  # the first run: nothing to compare with but the trained model
+    client = mlflow.MlflowClient(params.tracking.uri)
+    with monkeypatch.context() as pull_request:  # a pull request's CI run compares and passes, but promotes nothing
+        pull_request.setenv("GITHUB_ACTIONS", "true")
+        pull_request.setenv("GITHUB_EVENT_NAME", "pull_request")
+        evaluate.run(params)
+    assert json.loads((project / "reports/evaluate/gate.json").read_text())["passed"]
+    assert client.get_registered_model("shop-classifier").aliases == {}
+
+    evaluate.run(params)  # the first run on the default branch: nothing to compare with but the trained model
     first = json.loads((project / "reports/evaluate/gate.json").read_text())
     assert first["passed"] and first["champion"] is None
     assert [c["name"] for c in first["checks"]] == ["trained"]
-    client = mlflow.MlflowClient(params.tracking.uri)
     champion = client.get_model_version_by_alias("shop-classifier", "champion")
     assert champion.tags["sha256"] == first["sha256"]
 
@@ -239,3 +246,8 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
     assert served.returncode == 2 and "failed evaluate's quality gate" in served.stderr, served.stderr
     with pytest.raises(StageError, match="failed evaluate's quality gate"):
         containerize.run(params)
+    # Promoting by hand: never what the gate failed.
+    promoted = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "promote"], cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert promoted.returncode == 2 and "nothing to promote" in promoted.stderr, promoted.stderr

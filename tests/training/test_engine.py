@@ -80,3 +80,25 @@ def test_the_engine_takes_a_forward_that_cannot_be_truth_tested() -> None:
     assert engine.forward is forward
     engine.step(0, torch.rand(8, 3, 16, 16), torch.randint(0, 43, (8,)), 8)
     assert calls == [8]
+
+
+def test_micro_batches_make_the_same_update_as_the_whole_batch() -> None:
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(0)  # no BatchNorm: a batch's statistics would differ between its parts
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)
+        )
+
+    images, labels = torch.randn(12, 3, 8, 8), torch.randint(0, 5, (12,))
+    updated = []
+    for micro_batch in (0, 5):  # 5: parts of 5, 5 and 2
+        model = fresh()
+        engine = Engine(
+            model, make_optimizer(model, "adamw", 0.01, 0.0), lambda s: 0.01, Loss(), micro_batch=micro_batch
+        )
+        loss = engine.step(0, images, labels, 12)
+        updated.append((loss, [p.detach().clone() for p in model.parameters()]))
+    (whole_loss, whole), (parts_loss, parts) = updated
+    assert parts_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, parts, strict=True))
+    assert not torch.equal(whole[0], fresh()[0].weight)  # the step moved the weights

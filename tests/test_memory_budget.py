@@ -1,0 +1,68 @@
+"""Batch sizes that follow memory_gb: what one image costs, read off the network, and a real step's peak memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import nets
+from pipeline.memory_budget import GB, Budget, output_bytes_per_image
+
+
+def _net(size: int) -> object:
+    return nets.build("timm/resnet10t", [0.5] * 3, [0.25] * 3, size, num_classes=5)
+
+
+def test_an_image_costs_the_square_of_its_size() -> None:
+    model = _net(224)
+    small, large = output_bytes_per_image(model, 112), output_bytes_per_image(model, 224)  # type: ignore[arg-type]
+    assert large == pytest.approx(4 * small, rel=0.05)
+    assert 10 * 2**20 < large < 200 * 2**20  # a residual network's layer outputs at 224 px: tens of MB
+
+
+def test_batches_are_lowered_only_where_they_would_not_fit() -> None:
+    model = _net(224)
+    at_224 = Budget.of(2.0, model, 224)  # type: ignore[arg-type]
+    assert at_224.eval_batch(4, "evaluate.batch_size") == 4
+    lowered = at_224.eval_batch(4096, "evaluate.batch_size")
+    assert 1 <= lowered < 4096 and (lowered % 8 == 0 or lowered < 8)
+    split = at_224.micro_batch(4096, 5_000_000, "train.batch_size")
+    assert 1 <= split < lowered  # a training step keeps more of each image than evaluation
+    assert Budget.of(2.0, model, 32).eval_batch(512, "evaluate.batch_size") == 512  # type: ignore[arg-type]
+    assert Budget.of(0, model, 224).micro_batch(4096, 5_000_000, "train.batch_size") == 4096  # type: ignore[arg-type]
+    assert Budget.of(2.0, model, 224, "cuda").eval_batch(4096, "x") == 4096  # type: ignore[arg-type]
+
+
+STEP = """
+import json, resource, sys, torch
+from pipeline import nets
+from pipeline.memory_budget import Budget
+from pipeline.training.engine import Engine, Loss, make_optimizer
+torch.set_num_threads(1)
+batch, budget_gb = int(sys.argv[1]), float(sys.argv[2])
+model = nets.build("timm/resnet10t", [0.5] * 3, [0.25] * 3, 224, num_classes=5)
+optim = make_optimizer(model, "adamw", 1e-3, 0.0)
+micro = Budget.of(budget_gb, model, 224).micro_batch(batch, nets.count_parameters(model), "train.batch_size")
+engine = Engine(model, optim, lambda s: 1e-3, Loss(), micro_batch=micro)
+images = torch.rand(batch, 3, 224, 224).contiguous(memory_format=torch.channels_last)
+model.train()
+engine.step(0, images, torch.randint(0, 5, (batch,)), batch)
+print(json.dumps({"micro": micro, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _step(batch: int, budget_gb: float) -> dict[str, int]:
+    done = subprocess.run([sys.executable, "-c", STEP, str(batch), str(budget_gb)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_224_px_training_step_stays_within_the_budget_that_a_whole_batch_exceeds() -> None:
+    whole = _step(96, 0)  # no limit: the batch of 96 in one piece
+    fitted = _step(96, 1.5)
+    assert whole["micro"] == 96 and whole["peak"] > 1.5 * GB  # the whole batch would not fit
+    assert fitted["micro"] < 96
+    assert fitted["peak"] < 1.5 * GB
