@@ -66,9 +66,6 @@ NAMES: list[tuple[str, str, str]] = [
     ("pipeline/cli.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("pipeline/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("pipeline/bench/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison
-    ("docker/Dockerfile", '"gtsrb-server"', '"{image_name}"'),
-    ("docker/Dockerfile", '"GTSRB traffic-sign classifier:', '"{api_title}:'),
-    ("docker/Dockerfile", "io.github.gtsrb-pipeline.", "io.github.{project_name}."),
     ("docker/platform.Dockerfile", '"gtsrb-platform"', '"{project_name}-platform"'),
     ("docker/README.md", "gtsrb-pipeline", "{project_name}"),
     ("docker/README.md", "gtsrb-server", "{image_name}"),
@@ -90,7 +87,6 @@ NAMES: list[tuple[str, str, str]] = [
     ],
     ("deploy/platform/compose.yaml", "gtsrb-platform", "{project_name}-platform"),
     (".github/workflows/release.yml", "gtsrb-server", "{image_name}"),
-    (".github/workflows/release.yml", "gtsrb-pipeline", "{project_name}"),
     # the manual's pages where they name the project's objects (docs/results*.md: the demo's measurements, kept)
     ("docs/index.md", "# GTSRB MLOps pipeline template\n", "# {project_name}\n"),
     ("docs/ci.md", "gtsrb-server", "{image_name}"),

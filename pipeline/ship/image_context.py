@@ -4,7 +4,8 @@
 `pipeline containerize` builds one platform at a time on the local engine; this stages the same context
 (pipeline/ship/context.py: the package, params.yaml, the chosen ONNX variant, docker/Dockerfile) with the
 serving wheels of every platform in one wheelhouse, from which pip in the build picks its own. Prints
-`key=value` lines (for $GITHUB_OUTPUT): dir, variant, model_version, model_accuracy, revision.
+`key=value` lines (for $GITHUB_OUTPUT): dir, variant, model_version, model_accuracy, revision, and the project's
+image_name and title (params.yaml's, resolved).
 
     pipeline image-context OUT [--platform linux/amd64 --platform linux/arm64] [--variant auto]
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts import gate as gate_file
+from pipeline.config import ConfigError, load_params
 from pipeline.errors import StageError
 from pipeline.ship import context as ctx
 
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     platforms = args.platforms or ["linux/amd64", "linux/arm64"]
     try:
+        params = load_params(Path("params.yaml"))
         model = ctx.choose_model(MODELS_DIR, args.variant)
         gate_file.require_passed(model.variant, model.sha256)
         requirements: set[str] = set()
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(staged)
         if len(requirements) != 1:
             raise StageError("the platforms lock different serving requirements: build them one at a time")
-    except StageError as exc:
+    except (StageError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model_version={model.version}")
     print(f"model_accuracy={model.accuracy if model.accuracy is not None else ''}")
     print(f"revision={revision}")
+    print(f"image_name={params.containerize.image.rsplit('/', 1)[-1].split(':')[0]}")
+    print(f"title={params.serve.title}")
     return 0
 
 

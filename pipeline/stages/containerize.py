@@ -121,6 +121,8 @@ def run(params: Params) -> None:
             "REVISION": revision,
             "MODEL_VERSION": model.version,
             "MODEL_VARIANT": model.variant,
+            "IMAGE_TITLE": config.image.rsplit("/", 1)[-1],
+            "IMAGE_DESCRIPTION": params.serve.title,
         }
         try:
             seconds = eng.build(

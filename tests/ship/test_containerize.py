@@ -187,6 +187,9 @@ def test_image_is_small_labelled_non_root_and_stops_on_sigint(built_image: Image
     assert labels["org.opencontainers.image.revision"] == report["revision"]
     assert labels["org.opencontainers.image.version"] == report["model_version"]
     assert "org.opencontainers.image.source" in labels
+    assert labels["org.opencontainers.image.title"] == TEST_IMAGE  # the project's names, not the demo's
+    assert labels["org.opencontainers.image.description"].startswith(built_image.params.serve.title + ":")
+    assert labels["pipeline.model.variant"] == report["variant"]
     assert config["User"] == "10001:10001"
     assert config["StopSignal"] == "SIGINT"
     assert "/v2/health/ready" in " ".join(config["Healthcheck"]["Test"])
