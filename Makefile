@@ -60,8 +60,8 @@ pipeline: env
 	$(UV) run --frozen dvc repro $(STAGE)
 
 lint: env
-	$(UV) run --frozen ruff check pipeline tests
-	$(UV) run --frozen ruff format --check pipeline tests
+	$(UV) run --frozen ruff check pipeline benchmarks tests
+	$(UV) run --frozen ruff format --check pipeline benchmarks tests
 	$(UV) run --frozen mypy
 
 platform-up: env

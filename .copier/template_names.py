@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 from pathlib import Path
 
 DEMO = {
@@ -65,7 +66,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("pipeline/mlflow_model.py", "gtsrb-classifier", "{registered_model_name}"),
     ("pipeline/cli.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("pipeline/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
-    ("pipeline/bench/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison
+    ("benchmarks/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison
     ("docker/platform.Dockerfile", '"gtsrb-platform"', '"{project_name}-platform"'),
     ("docker/README.md", "gtsrb-pipeline", "{project_name}"),
     ("docker/README.md", "gtsrb-server", "{image_name}"),
@@ -212,7 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     for key in DEMO:
         parser.add_argument(f"--{key.replace('_', '-')}", default=DEMO[key])
     parser.add_argument("--dir", type=Path, default=Path("."))
+    parser.add_argument("--lab", choices=["true", "false"], default="true", help="keep benchmarks/ and its tests")
     args = parser.parse_args(argv)
+    if args.lab == "false":  # the measurement lab is the template's; a project asks for it
+        for folder in ("benchmarks", "tests/benchmarks"):
+            shutil.rmtree(args.dir / folder, ignore_errors=True)
     answers = {key: str(getattr(args, key)) for key in DEMO}
     for key, allowed in CHECKS.items():
         if not re.fullmatch(allowed, answers[key]):

@@ -2,7 +2,8 @@
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
 (pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
-`pipeline bench train|roofline|serve|accuracy|gpu|models|drift|memory|scale-folder|formats|remote-read` and `pipeline image-context` pass their options to those tools.
+`pipeline image-context` passes its options to that tool; the measurement lab is beside the package:
+`python -m benchmarks --help` (benchmarks/, not installed with the package).
 """
 
 from __future__ import annotations
@@ -100,11 +101,15 @@ def promote(
     params: Path = ParamsOption,
 ) -> None:
     """Point the registry's `champion` alias at the variant evaluate's gate passed (or at --version): what is released."""
+    from pipeline.artifacts import gate as gate_file
     from pipeline.tracking import promote as promote_champion
 
     loaded = _load(params)
     try:
-        moved = promote_champion(loaded, version)
+        gate = None if version else gate_file.read()
+        if gate is not None and not gate.passed:
+            raise StageError(f"evaluate's gate failed {gate.variant}: {gate.failures()}; nothing to promote")
+        moved = promote_champion(loaded, version, *((gate.variant, gate.sha256) if gate else ()))
     except StageError as exc:
         _fail(str(exc))
     typer.echo(f"{loaded.tracking.registered_model_name} version {moved} is the champion")
@@ -270,8 +275,6 @@ def serve(
     _run_stage("pipeline.serve.main", params, overrides)
 
 
-bench = typer.Typer(help="Benchmarks measured side by side in one run (ratios; see each tool's --help).")
-app.add_typer(bench, name="bench")
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -280,90 +283,6 @@ def _tool(module: str, ctx: typer.Context) -> None:
     code = importlib.import_module(module).main(list(ctx.args))
     if code:
         raise typer.Exit(code=int(code))
-
-
-@bench.command("train", context_settings=PASS_THROUGH)
-def bench_train(ctx: typer.Context) -> None:
-    """Training throughput: loader, step, eager vs compile vs bf16, 1 vs 2 processes (DDP, FSDP)."""
-    _tool("pipeline.bench.train", ctx)
-
-
-@bench.command("roofline", context_settings=PASS_THROUGH)
-def bench_roofline(ctx: typer.Context) -> None:
-    """How close each runtime gets to this CPU's matrix-multiply rate (GFLOP/s)."""
-    _tool("pipeline.bench.roofline", ctx)
-
-
-@bench.command("serve", context_settings=PASS_THROUGH)
-def bench_serve(ctx: typer.Context) -> None:
-    """Load-test the server (batching, no batching, the Arm learning-path reference) on loopback."""
-    _tool("pipeline.bench.serve", ctx)
-
-
-@bench.command("memory", context_settings=PASS_THROUGH)
-def bench_memory(ctx: typer.Context) -> None:
-    """Peak RSS, wall time and CPU use of a command (pipeline/bench/memory.py)."""
-    _tool("pipeline.bench.memory", ctx)
-
-
-@bench.command("scale-folder", context_settings=PASS_THROUGH)
-def bench_scale_folder(ctx: typer.Context) -> None:
-    """A large folder of photo-sized JPEGs made from the demo data (pipeline/bench/scale_folder.py)."""
-    _tool("pipeline.bench.scale_folder", ctx)
-
-
-@bench.command("formats", context_settings=PASS_THROUGH)
-def bench_formats(ctx: typer.Context) -> None:
-    """The prepared .npy shards against LitData, MDS and WebDataset: write, read an epoch shuffled (pipeline/bench/formats.py)."""
-    _tool("pipeline.bench.formats", ctx)
-
-
-@bench.command("remote-read", context_settings=PASS_THROUGH)
-def bench_remote_read(ctx: typer.Context) -> None:
-    """Rows a second from your DVC remote: concurrent ranges against one read a row (pipeline/bench/remote_read.py)."""
-    _tool("pipeline.bench.remote_read", ctx)
-
-
-@bench.command("decode", context_settings=PASS_THROUGH)
-def bench_decode(ctx: typer.Context) -> None:
-    """The server's decode per image, side by side: PNG libspng vs PIL, or JPEG full vs reduced (pipeline/bench/decode.py)."""
-    _tool("pipeline.bench.decode", ctx)
-
-
-@bench.command("cpu-split", context_settings=PASS_THROUGH)
-def bench_cpu_split(ctx: typer.Context) -> None:
-    """Where a server's Python time goes, from a py-spy raw profile (pipeline/bench/cpu_split.py)."""
-    _tool("pipeline.bench.cpu_split", ctx)
-
-
-@bench.command("frontend", context_settings=PASS_THROUGH)
-def bench_frontend(ctx: typer.Context) -> None:
-    """The HTTP front end alone: uvicorn tuned against Granian on a null route (pipeline/bench/frontend.py)."""
-    _tool("pipeline.bench.frontend", ctx)
-
-
-@bench.command("drift", context_settings=PASS_THROUGH)
-def bench_drift(ctx: typer.Context) -> None:
-    """What the server's drift signals cost per request (pipeline/bench/drift.py)."""
-    _tool("pipeline.bench.drift", ctx)
-
-
-@bench.command("models", context_settings=PASS_THROUGH)
-def bench_models(ctx: typer.Context) -> None:
-    """One row per network on your folder: dvc repro evaluate per network, training time, served accuracy, speed."""
-    _tool("pipeline.bench.models", ctx)
-
-
-@bench.command("gpu", context_settings=PASS_THROUGH)
-def bench_gpu(ctx: typer.Context) -> None:
-    """Inference (eager fp32/bf16, compiled, CUDA graphs, ONNX Runtime CUDA) and training on the GPU beside the CPU."""
-    _tool("pipeline.bench.gpu", ctx)
-
-
-@bench.command("accuracy", context_settings=PASS_THROUGH)
-def bench_accuracy(ctx: typer.Context) -> None:
-    """The trained model on a labelled folder of image files: served (whole files) vs ROI accuracy, 95 % CI."""
-    _tool("pipeline.bench.accuracy", ctx)
 
 
 @app.command("image-context", context_settings=PASS_THROUGH)

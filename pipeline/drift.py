@@ -176,7 +176,7 @@ def _le(edge: float) -> str:
 class Collector:
     """The counts as Prometheus metrics at scrape time (prometheus_client's custom-collector protocol): the hot
     path is a bisect and an increment per value, about 1 µs per image, where a Histogram.observe per signal costs
-    about 2 µs each (`pipeline bench drift`)."""
+    about 2 µs each (`python -m benchmarks drift`)."""
 
     def __init__(self, counts: SignalCounts, version: str) -> None:
         self.counts = counts

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageFile
 
-try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`pipeline bench decode`)
+try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`python -m benchmarks decode`)
     import pyspng
 except ImportError:  # pragma: no cover - PIL decodes every PNG as well
     pyspng = None

@@ -329,11 +329,9 @@ def set_champion(params: Params, variant: str, sha256: str) -> str | None:
     return str(version.version)
 
 
-def promote(params: Params, version: str = "") -> str:
-    """`pipeline promote`: point `champion` at registered `version`, or (by default) at the version of the variant
-    file evaluate's gate passed; its number. A StageError names what is missing or failed."""
-    from pipeline.artifacts import gate as gate_file
-
+def promote(params: Params, version: str = "", variant: str = "", sha256: str = "") -> str:
+    """`pipeline promote`: point `champion` at registered `version`, or at the newest registered version of this
+    variant file; its number. A StageError names what is missing."""
     registry = _registry(params)
     if registry is None:
         raise StageError("tracking.enabled is false: there is no registry whose champion to move")
@@ -341,12 +339,9 @@ def promote(params: Params, version: str = "") -> str:
 
     client, name = registry
     if not version:
-        gate = gate_file.read()
-        if not gate.passed:
-            raise StageError(f"evaluate's gate failed {gate.variant}: {gate.failures()}; nothing to promote")
-        moved = set_champion(params, gate.variant, gate.sha256)
+        moved = set_champion(params, variant, sha256)
         if moved is None:
-            raise StageError(f"{name} has no registered version of {gate.variant} (sha256 {gate.sha256[:12]})")
+            raise StageError(f"{name} has no registered version of {variant} (sha256 {sha256[:12]})")
         return moved
     try:
         client.get_model_version(name, version)

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA paths end to end, on a GPU machine with torch + CUDA preinstalled and no network, in one call:
 # prepare -> train (train.device cuda, amp bf16, torch.compile; DDP over the GPUs when there are several) ->
-# optimize -> benchmark (the CPU rows) -> evaluate (the original files) -> `pipeline bench gpu` (eager fp32 / bf16,
+# optimize -> benchmark (the CPU rows) -> evaluate (the original files) -> `python -m benchmarks gpu` (eager fp32 / bf16,
 # compiled, CUDA graphs, ONNX Runtime's CUDA provider at batch 1, 32, 256, 1024, and the training step, beside the
 # CPU). Everything lands in OUT (JSON + Markdown); it never waits for input.
 #
 #   scripts/gpu-check.sh [--dry-run] [OUT]      (default OUT: gpu-check/)
 #
 # Your own network instead of the demo's: GPU_CHECK_MODEL=torchvision/resnet18 GPU_CHECK_SIZE=224 (model.name and
-# data.image_size); GPU_CHECK_STAGES="prepare train" runs only those stages before `pipeline bench gpu` (which then
+# data.image_size); GPU_CHECK_STAGES="prepare train" runs only those stages before `python -m benchmarks gpu` (which then
 # measures the trained network: inference beside the CPU, and its own training step).
 #
 # Data: $GTSRB_ROOT when set (the full training split if it travels with the tree), else data/raw, else the shared
@@ -81,7 +81,7 @@ run_stage() {
 }
 stages="${GPU_CHECK_STAGES:-prepare train optimize benchmark evaluate}"
 for stage in $stages; do run_stage "$stage"; done
-step "pipeline bench gpu"
+step "python -m benchmarks gpu"
 if $dry; then flags=(--dry-run); else flags=(--seconds 0.5); fi
 [ -n "${GPU_CHECK_BENCH_FLAGS:-}" ] && read -ra extra <<< "$GPU_CHECK_BENCH_FLAGS" && flags+=("${extra[@]}")
 "$python" -m pipeline.cli bench gpu "${flags[@]}" --out "$out" > "$out/bench-gpu.log" 2>&1 || { tail -20 "$out/bench-gpu.log" >&2; exit 1; }

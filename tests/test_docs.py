@@ -103,7 +103,7 @@ def test_the_site_builds_strict_and_its_pages_open_in_chromium(site: str) -> Non
             page.locator("nav.md-nav--primary a", has_text="Measured results").first.click()
             page.wait_for_url(f"{site}/results/")
             results = page.locator("article").inner_text()
-            assert "0.9962" in results and "pipeline bench accuracy" in results
+            assert "0.9962" in results and "python -m benchmarks accuracy" in results
             flamegraph = page.request.get(f"{site}/serve-flamegraph.svg")
             assert flamegraph.status == 200 and b"<svg" in flamegraph.body()[:2000]
 

@@ -104,9 +104,33 @@ def test_only_artifacts_load_inter_stage_files() -> None:
     assert offenders == []
 
 
-def test_scripts_live_in_the_package() -> None:
-    """The measurement tools are `pipeline bench ...` commands: no Python file edits sys.path to import the package."""
+def test_scripts_live_in_the_package_or_the_lab() -> None:
+    """The measurement tools are `python -m benchmarks ...` commands: no Python file edits sys.path to import them."""
     needle = "sys.path." + "insert"
-    files = [p for p in REPO.glob("**/*.py") if p.relative_to(REPO).parts[0] in ("pipeline", "tests", "scripts")]
+    files = [
+        p
+        for p in REPO.glob("**/*.py")
+        if p.relative_to(REPO).parts[0] in ("pipeline", "benchmarks", "tests", "scripts")
+    ]
     assert [str(p.relative_to(REPO)) for p in files if needle in p.read_text()] == []
     assert not list((REPO / "scripts").glob("*.py"))
+
+
+def test_no_product_module_imports_the_lab() -> None:
+    """benchmarks/ (peers, formats, front ends) sits beside the product: nothing in pipeline/ imports it, by a
+    statement or by name, so the wheel, the server image and a generated project are whole without it."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [node.value]
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else []
+            )
+            if any(name == "benchmarks" or name.startswith("benchmarks.") for name in names):
+                offenders.append(str(path.relative_to(REPO)))
+    assert offenders == []

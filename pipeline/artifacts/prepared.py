@@ -430,7 +430,7 @@ class DvcRemoteFiles:
     def __init__(
         self, repo: str = ".", rev: str | None = None, path: str = str(PREPARED_DIR), *, ranged: bool = True
     ) -> None:
-        """`ranged=False` reads row by row even where concurrent ranges work (`pipeline bench remote-read`)."""
+        """`ranged=False` reads row by row even where concurrent ranges work (`python -m benchmarks remote-read`)."""
         from dvc.api import DVCFileSystem
 
         self.repo, self.rev, self.path, self.ranged = repo, rev, path.rstrip("/"), ranged

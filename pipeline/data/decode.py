@@ -2,7 +2,7 @@
 
 Worker processes, not threads: PIL releases the GIL while it decodes and resizes, but the framing around it
 does not. On this 2-core machine both took the same time (17,200 JPEGs at 224 px: 26.0 s with threads, 25.6 and
-26.1 s with processes, `pipeline bench memory -- pipeline prepare`): there the main process's writing and hashing
+26.1 s with processes, `python -m benchmarks memory -- pipeline prepare`): there the main process's writing and hashing
 of the shards is the limit; processes are the choice that can use more cores where there are more.
 The workers start from a fork server that imports only this module's light dependencies (numpy, PIL), not
 the stage's (MLflow), and are sent chunks of files; at most a few chunks per worker are in flight, so memory

@@ -1,4 +1,4 @@
-"""The training engine shared by the train stage, optimize's fine-tune and `pipeline bench train`.
+"""The training engine shared by the train stage, optimize's fine-tune and `python -m benchmarks train`.
 
 engine.py        optimizer parameter groups, the one-cycle LR schedule, the loss (committee members,
                  label smoothing, logit adjustment, distillation from a teacher) and one training step

@@ -1,6 +1,6 @@
 """One training engine: optimizer parameter groups, the LR schedule, the loss and the step.
 
-The train stage, optimize's fine-tune (with distillation from the unpruned model) and `pipeline bench train`
+The train stage, optimize's fine-tune (with distillation from the unpruned model) and `python -m benchmarks train`
 all step through `Engine.step`, so a change to the recipe's mechanics happens in one place.
 
 The loss of a step is the sum over the *global* batch times world / global batch size: DDP and FSDP average
@@ -144,8 +144,8 @@ class Engine:
             part_labels = labels[start : start + size].to(self.d.device, non_blocking=True)
             last = start + size >= len(images)
             # DDP all-reduces gradients once, on the last micro-batch (FSDP2 reduces on each: the same sum).
-            sync = self.model.no_sync() if not last and hasattr(self.model, "no_sync") else contextlib.nullcontext()
-            with sync:
+            no_sync = getattr(self.model, "no_sync", None)
+            with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
                 with autocast(self.d.device, self.amp):
                     logits = self.forward(part)
                 total, part_per_member = self.loss.sums(logits, part_labels, part)

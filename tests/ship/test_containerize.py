@@ -102,6 +102,7 @@ def test_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> None:
     assert f"wheels/numpy-{numpy_version}-cp311-cp311-manylinux_2_28_x86_64.whl" in files
     assert not any("numpy-0.0.1" in f for f in files)
     assert "app/pipeline/serve/app.py" in files and not any("__pycache__" in f for f in files)
+    assert not any(f.startswith("app/benchmarks") or "/bench/" in f for f in files)  # the lab stays out of the image
     # Staging the same inputs again gives the same digest (the build cache depends on it).
     assert ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64", tmp_path / "reports") == digest
 

@@ -13,7 +13,7 @@ def test_auto_uses_bf16_on_cpus_with_bf16_arithmetic_and_fp32_elsewhere() -> Non
     expected = torch.bfloat16 if torch.backends.mkldnn.is_available() else None
     amx = {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
     assert amp_dtype("auto", CPU, amx) is expected
-    # AVX512-BF16 without the matrix units: measured 1.7x fp32 on an EPYC (`pipeline bench train`).
+    # AVX512-BF16 without the matrix units: measured 1.7x fp32 on an EPYC (`python -m benchmarks train`).
     assert amp_dtype("auto", CPU, {"avx2", "avx512f", "avx512_bf16"}) is expected
     # AVX2 (or AVX-512 without BF16) only emulates bf16: slower than fp32 there.
     assert amp_dtype("auto", CPU, {"avx2", "avx512f", "avx512_vnni"}) is None
