@@ -173,3 +173,118 @@ def test_the_tour_notebook_runs_on_a_finished_run(finished_run: Path, monkeypatc
     pid = int(re.search(r"stopped pipeline serve \(pid (\d+), exit code 0\)", outputs)[1])  # type: ignore[index]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _commands(app: object) -> dict[str, object]:
+    """Every command of a typer app by its words ("serve", "platform up"), with its click command."""
+    import typer
+
+    found: dict[str, object] = {}
+
+    def walk(command: object, words: str) -> None:
+        found[words] = command
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{words} {name}".strip())
+
+    walk(typer.main.get_command(app), "")  # type: ignore[arg-type]
+    return found
+
+
+def _param_exists(key: str) -> bool:
+    from pipeline.config import Params
+
+    model: object = Params
+    for part in key.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        model = fields[part].annotation
+    return True
+
+
+def _spans(text: str) -> Iterator[str]:
+    """Each line of a fenced block and each inline code span: where the docs show commands and keys."""
+    for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
+        yield from block.splitlines()
+    yield from re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+FILE_SUFFIXES = {
+    "py",
+    "yaml",
+    "yml",
+    "json",
+    "md",
+    "csv",
+    "txt",
+    "png",
+    "onnx",
+    "pt",
+    "lock",
+    "toml",
+    "npy",
+    "npz",
+    "db",
+}
+
+
+def test_every_command_and_key_the_docs_show_exists() -> None:
+    """README and docs/ (not the dated history): each `pipeline ...` command and its --options are the CLI's, each
+    `python -m benchmarks TOOL` a tool of the lab, each `make TARGET` the Makefile's, each `STAGE=` and `dvc repro`
+    stage dvc.yaml's, each `-S key=value` and `section.key` a key of params.yaml's schema."""
+    from benchmarks.__main__ import app as lab_app
+    from pipeline.cli import app
+    from pipeline.config import Params
+
+    cli, lab = _commands(app), _commands(lab_app)
+    targets = set(re.findall(r"^([a-zA-Z][\w-]*):", (REPO / "Makefile").read_text(), re.M))
+    stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    sections = set(Params.model_fields)
+    problems = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if doc.name == "results-history.md":
+            continue
+        for span in _spans(doc.read_text()):
+            command_part = re.sub(r"(^|\s)#.*", "", span)  # a shell comment is prose
+            for segment in re.split(r"\s*(?:\||;|&&|&)\s*", command_part):
+                words = segment.split()
+                for i, word in enumerate(words):
+                    after = words[i + 1] if i + 1 < len(words) else ""
+                    where = f"{doc.name}: `{segment.strip()}`"
+                    at_start = i == 0 or words[i - 1] in ("run", "exec", "--", "$")
+                    if word == "pipeline" and at_start and re.fullmatch(r"[a-z][a-z-]*", after):
+                        name = " ".join(words[i + 1 : i + 3]) if " ".join(words[i + 1 : i + 3]) in cli else after
+                        command = cli.get(name)
+                        if command is None:
+                            problems.append(f"{where}: no command `pipeline {name}`")
+                            continue
+                        options = {o for p in command.params for o in getattr(p, "opts", [])} | {"--help"}  # type: ignore[attr-defined]
+                        if not command.context_settings.get("ignore_unknown_options"):  # type: ignore[attr-defined]
+                            flags = re.findall(r"(?<!\S)(--[a-z][a-z-]*)", " ".join(words[i + 2 :]))
+                            problems += [f"{where}: `pipeline {name}` has no {f}" for f in flags if f not in options]
+                    if word == "make" and re.fullmatch(r"[a-z][\w-]*", after) and after not in targets:
+                        problems.append(f"{where}: no make target {after}")
+                    if word == "-m" and after == "benchmarks" and i + 2 < len(words):
+                        tool = words[i + 2]
+                        if re.fullmatch(r"[a-z][a-z-]*", tool) and tool not in lab:
+                            problems.append(f"{where}: no lab tool {tool}")
+                    if word == "-S" and after and "<" not in after and after != "key=value":
+                        key = after.strip("'\"").split("=")[0]
+                        if not _param_exists(key):
+                            problems.append(f"{where}: no param {key}")
+                    if word.startswith("STAGE=") and word[6:] not in stages:
+                        problems.append(f"{where}: no stage {word[6:]}")
+                    if word == "repro" and re.fullmatch(r"[a-z]+", after) and after not in stages:
+                        problems.append(f"{where}: no stage {after}")
+                dotted = re.fullmatch(r"([a-z_]+(?:\.[a-z_0-9]+)+)(?:\s*[:=].*)?", segment.strip())
+                if dotted:  # `section.key`, unless it names a module (serve.protocol...) or a file (train.npz)
+                    key, parts = dotted.group(1), dotted.group(1).split(".")
+                    module = (REPO / "pipeline" / parts[0] / f"{parts[1]}.py").is_file()
+                    if (
+                        parts[0] in sections
+                        and parts[-1] not in FILE_SUFFIXES
+                        and not module
+                        and not _param_exists(key)
+                    ):
+                        problems.append(f"{doc.name}: `{key}` is no param")
+    assert problems == []
