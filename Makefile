@@ -23,7 +23,7 @@ ACT_ARGS ?=
 # uv.lock only, no torch (mkdocstrings reads the package's source without importing it).
 DOCS_VENV ?= .venv-docs
 
-.PHONY: help env env-light pipeline test test-fast docs lint mlflow-ui platform-up platform-down platform-image act clean
+.PHONY: help env env-light pipeline test test-fast docs lint mlflow-ui platform-up platform-down platform-image act changelog clean
 
 help:
 	@echo "make pipeline   run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)"
@@ -35,6 +35,7 @@ help:
 	@echo "make platform-down  stop it (data kept in PLATFORM_DIR)"
 	@echo "make platform-image the same stack's image for deploy/platform/compose.yaml (credentials in PLATFORM_DIR)"
 	@echo "make act        run a GitHub workflow locally with act (WORKFLOW=ci|pipeline, ACT_ARGS=...)"
+	@echo "make changelog VERSION=X.Y.Z  CHANGELOG.md's section for the commits since the last tag, the version in pyproject.toml"
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -54,6 +55,14 @@ env: .venv/.synced
 
 # Run the light commands as `PYTHONPATH=. .venv-light/bin/python -m pipeline.cli monitor|compare ...`
 env-light: .venv-light/.synced
+
+# A release: `make changelog VERSION=0.3.0`, commit ("release: v0.3.0"), `git tag -a v0.3.0`, push the tag
+# (release.yml publishes the image; `copier update --vcs-ref v0.3.0` moves projects to it).
+changelog: env
+	@echo "$(VERSION)" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+$$' || { echo "usage: make changelog VERSION=X.Y.Z" >&2; exit 2; }
+	$(UV) run --frozen git-cliff --config cliff.toml --unreleased --tag v$(VERSION) --prepend CHANGELOG.md
+	sed -i 's/^version = ".*"/version = "$(VERSION)"/' pyproject.toml
+	$(UV) lock --quiet
 
 pipeline: env
 	scripts/raw-data.sh
