@@ -113,7 +113,13 @@ DEMO_NAMES = re.compile(
     re.IGNORECASE,
 )
 MEASURED = {"docs/results.md", "docs/results-history.md"}
-TEMPLATE_ONLY = ["copier.yml", ".copier/template_names.py", "tests/test_template.py"]
+TEMPLATE_ONLY = [
+    "copier.yml",
+    ".copier/template_names.py",
+    "tests/test_template.py",
+    "CHANGELOG.md",
+    "tests/test_release.py",
+]
 
 
 def git(*args: str, cwd: Path) -> str:
