@@ -248,8 +248,8 @@ class TrackingConfig(Section):
     experiment: str = ""
     """Empty: `name`."""
     registered_model_name: str = Field("", max_length=200)
-    """MLflow registered model: optimize registers every accepted variant as a version of it; benchmark
-    points its `champion` alias at the served one."""
+    """MLflow registered model: optimize registers every accepted variant as a version of it; evaluate points its
+    `champion` alias at the served one when its gate passes (evaluate.promote)."""
 
 
 class BenchmarkConfig(Section):
@@ -273,6 +273,10 @@ class BenchmarkConfig(Section):
     """A setup may serve only within this top-1 drop from the fp32 model (0.005 = 0.5 points)."""
     timeout_s: float = Field(600.0, gt=0.0)
     """A setup taking longer is reported as failed."""
+    headline_rounds: int = Field(3, ge=0, le=50)
+    """The headline ratio (the served setup against PyTorch's default eager, at the first batch size): this many
+    rounds that time the two alternately, each in a fresh process; the report gives the median and the range (a
+    shared machine moves a single measurement by half). 0 = the one measurement of the sweep."""
     profile: bool = True
     """Save an operator profile of the chosen setup."""
 

@@ -118,7 +118,8 @@ def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFac
     shutil.copytree(tiny_project, work, symlinks=True)
     raw = yaml.safe_load((work / "params.yaml").read_text())
     raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05}  # fmt: skip
+                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05,
+                        "headline_rounds": 2}  # fmt: skip
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
     with contextlib.chdir(work):
         benchmark.run(parse_params(raw))

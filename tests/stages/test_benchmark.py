@@ -141,6 +141,17 @@ def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeyp
         assert f"| {v['name']} | {v['macs'] / 1e6:.1f} M | {v['parameters']:,} |" in table
     assert Path("reports/benchmark/throughput.png").stat().st_size > 0
     assert "Conv" in Path("reports/benchmark/profile.txt").read_text()
+    # The headline: the served setup and PyTorch's default eager timed alternately, median and range of the ratios.
+    rounds = report["headline"]
+    assert (
+        rounds["rounds"] == 2
+        and len(rounds["ratios"]) == 2
+        and rounds["baseline"].startswith("fp32 / torch-eager / onednn-on")
+    )
+    assert rounds["low"] <= rounds["median"] <= rounds["high"] and rounds["low"] == min(rounds["ratios"])
+    assert f"{rounds['median']:.2f}× the median of 2 rounds timed alternately" in table
+    metrics = json.loads(Path("reports/benchmark/metrics.json").read_text())
+    assert metrics["speedup_b32_vs_default_eager"] == round(rounds["median"], 2) and metrics["headline_rounds"] == 2
 
 
 def _timed(variant: str, backend: str, setting: str, threads: int, b32: float) -> dict:
