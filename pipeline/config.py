@@ -710,6 +710,10 @@ def explain(raw: Any, source: str = "params.yaml") -> list[tuple[str, Any, str]]
     rows: list[tuple[str, Any, str]] = [("recipe", params.recipe, chosen)]
     rows.append(("name", params.name, source if given.get("name") else "the data"))
     for section, values in params.model_dump(mode="json", exclude={"recipe", "name"}).items():
+        if not isinstance(values, dict):  # a top-level key (memory_gb)
+            origin = source if section in given else f"recipe {params.recipe}" if section in layer else "default"
+            rows.append((section, values, origin))
+            continue
         for key, value in values.items():
             if (section, key) in NAMED_KEYS and not (given.get(section) or {}).get(key):
                 origin = "name"

@@ -146,6 +146,28 @@ def test_a_key_you_set_wins_over_the_recipe(tmp_path: Path) -> None:
     assert parse_params(params.model_dump(mode="json")) == params
 
 
+def test_pipeline_params_says_where_every_value_came_from(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from pipeline.config import explain
+
+    raw = _raw(source="folder", root=str(tmp_path / "pets"), image_size=64)
+    rows = {key: (value, origin) for key, value, origin in explain(raw)}
+    assert rows["recipe"] == ("photos", "auto, for data.source folder")
+    assert rows["data.image_size"] == (64, "params.yaml")
+    assert rows["model.name"][1] == "recipe photos" and rows["train.lr"][1] == "params.yaml"
+    assert rows["memory_gb"] == (4.0, "params.yaml") and rows["name"] == ("pets", "the data")
+    assert rows["tracking.registered_model_name"] == ("pets-classifier", "name")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "params"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "memory_gb = 4.0" in shown.stdout and "model.name = 'timm/resnet10t'  (recipe photos)" in shown.stdout
+
+
 def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:
     folder = tmp_path / "pets" / "train"
     params = parse_params(_raw(source="folder", root=str(folder)))
