@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
@@ -100,14 +100,35 @@ class DataConfig(Section):
         return Path(env) if env and self.source == "gtsrb" else self.root
 
 
+LIBRARY_NETWORK = re.compile(r"^(torchvision|timm)/[A-Za-z0-9_.\-]+$")
+
+
+def _network_name(name: str) -> str:
+    from pipeline import architectures  # light: the table, no torch
+
+    if not (architectures.is_known(name) or LIBRARY_NETWORK.match(name)):
+        raise ValueError(
+            f"unknown network {name!r}: one of {', '.join(architectures.ARCHITECTURES)}, torchvision/<arch>, "
+            "timm/<arch>, or path/to/file.py:function"
+        )
+    return name
+
+
 class ModelConfig(Section):
     """The network, built by name from pipeline/nets.py."""
 
-    name: str = Field("signnet", pattern=r"^(signnet|trafficsignnet|(torchvision|timm)/[A-Za-z0-9_.\-]+)$")
-    """`signnet`: the default compact CNN; `trafficsignnet`: Arm's learning-path reference network;
-    `torchvision/<arch>`: any classification builder of torchvision.models (resnet18, mobilenet_v3_small,
-    efficientnet_b0, convnext_tiny, ...); `timm/<arch>`: any timm.create_model name. The classifier is sized from
-    the data's classes."""
+    name: str = Field("signnet", min_length=1)
+    """`signnet`: the demo's compact CNN; `trafficsignnet`: Arm's learning-path reference network (ours: one file
+    each in pipeline/architectures/); `torchvision/<arch>`: any classification builder of torchvision.models
+    (resnet18, mobilenet_v3_small, efficientnet_b0, convnext_tiny, ...); `timm/<arch>`: any timm.create_model name;
+    `path/to/file.py:function`: a network of your project (docs/extending.md). The classifier is sized from the
+    data's classes."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_network(cls, name: str) -> str:
+        return _network_name(name)
+
     weights: str = Field("none", min_length=1)
     """torchvision/timm networks: `none` (random initialisation), `auto` (the library's pretrained weights when they
     can be had, else random weights, which the log, the MLflow run and the model card then say), `default` (the library's pretrained weights,
@@ -400,9 +421,15 @@ class OptimizeConfig(Section):
     finetune_distill: float = Field(0.5, ge=0.0, le=1.0)
     """Weight of distillation from the unpruned model during the fine-tune (KL to its softened outputs,
     temperature 2); the rest is the usual label loss. 0 = labels only."""
-    student: str = Field("", pattern=r"^(|signnet|trafficsignnet|(torchvision|timm)/[A-Za-z0-9_.\-]+)$")
+    student: str = ""
     """A student of another, smaller architecture (e.g. `torchvision/mobilenet_v3_small` from a resnet50 teacher),
     randomly initialised and distilled like the width student; empty = `model.name` (with `student_width`)."""
+
+    @field_validator("student")
+    @classmethod
+    def _known_student(cls, name: str) -> str:
+        return name and _network_name(name)
+
     student_width: int = Field(0, ge=0, le=1024)
     """A student network distilled from the trained model: `model.name` with this first-stage width and one
     member, trained from scratch; 0 = no student. Off by default: the width-28 student (38 % of the

@@ -4,10 +4,8 @@ Every network takes float images in [0, 1], NCHW, and normalises them itself wit
 of the training split (buffers filled from the prepared manifest), so every consumer (evaluate, ONNX
 export, the server) feeds the same uint8 -> float[0,1] pixels and cannot drift from training.
 
-- `trafficsignnet`: the Arm learning path's network (Conv 3->32 k3, pool, Conv 32->64 k3, pool,
-  FC 2304->128, FC 128->43 at 32x32), kept as the reference to compare against.
-- `signnet`: the default, a compact VGG-style CNN (conv-BN-ReLU pairs, widths w-2w-4w, global pooling),
-  sized to train to high accuracy on two CPU cores.
+- ours, one file each in pipeline/architectures/ (`signnet`, `trafficsignnet`), or a file of your project
+  (`model.name: path/to/file.py:function`);
 - `torchvision/<arch>`, `timm/<arch>`: the libraries' networks (`Backbone`, pipeline/backbones.py), normalised
   with the mean/std their weights expect (the payload's mean/std).
 
@@ -25,8 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline import architectures
+from pipeline.architectures import NetSpec
+
 NUM_CLASSES = 43
-ARCHITECTURES = ("trafficsignnet", "signnet")
+ARCHITECTURES = tuple(architectures.ARCHITECTURES)  # ours by name; pipeline/architectures/ has one file each
 
 
 def is_backbone(name: str) -> bool:
@@ -82,80 +83,6 @@ class Normalize(nn.Module):
             std = torch.sqrt(centred.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-4)
             return centred / std
         return (x - self.mean) / self.std
-
-
-class TrafficSignNet(nn.Module):
-    """The reference network of Arm's learning path (32x32 input; other sizes adapt the FC input)."""
-
-    def __init__(
-        self,
-        mean: Sequence[float],
-        std: Sequence[float],
-        image_size: int = 32,
-        num_classes: int = NUM_CLASSES,
-    ) -> None:
-        super().__init__()
-        self.normalize = Normalize(mean, std)
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 32, kernel_size=3),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=3),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-        )
-        side = ((image_size - 2) // 2 - 2) // 2  # 32 -> 6: 64 * 6 * 6 = 2304 features
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(64 * side * side, 128),
-            nn.ReLU(inplace=True),
-            nn.Linear(128, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(self.normalize(x)))
-
-
-def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
-
-
-class SignNet(nn.Module):
-    """Three stages of two conv-BN-ReLU layers (widths w, 2w, 4w) with max pooling, then global average
-    pooling, dropout and one linear layer. Works at any input size >= 8."""
-
-    def __init__(
-        self,
-        mean: Sequence[float],
-        std: Sequence[float],
-        width: int = 32,
-        dropout: float = 0.2,
-        num_classes: int = NUM_CLASSES,
-        input_norm: str = "dataset",
-    ) -> None:
-        super().__init__()
-        self.normalize = Normalize(mean, std, input_norm)
-        w1, w2, w3 = width, 2 * width, 4 * width
-        self.features = nn.Sequential(
-            *_conv_bn_relu(3, w1),
-            *_conv_bn_relu(w1, w1),
-            nn.MaxPool2d(2),
-            *_conv_bn_relu(w1, w2),
-            *_conv_bn_relu(w2, w2),
-            nn.MaxPool2d(2),
-            *_conv_bn_relu(w2, w3),
-            *_conv_bn_relu(w3, w3),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Dropout(dropout),
-            nn.Linear(w3, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(self.normalize(x)))
 
 
 class Backbone(nn.Module):
@@ -218,16 +145,11 @@ def build(
     if members < 1:
         raise ValueError(f"members must be >= 1, got {members}")
 
+    spec = NetSpec(tuple(mean), tuple(std), image_size, num_classes, width, dropout, input_norm)
+    build_one = None if is_backbone(name) else architectures.builder(name)
+
     def one() -> nn.Module:
-        if is_backbone(name):
-            return Backbone(name, mean, std, num_classes)
-        if name == "trafficsignnet":
-            return TrafficSignNet(mean, std, image_size=image_size, num_classes=num_classes)
-        if name == "signnet":
-            return SignNet(mean, std, width=width, dropout=dropout, num_classes=num_classes, input_norm=input_norm)
-        raise ValueError(
-            f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}, torchvision/<arch> or timm/<arch>"
-        )
+        return Backbone(name, mean, std, num_classes) if build_one is None else build_one(spec)
 
     if members == 1:
         return one()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline import nets
+from pipeline.architectures.signnet import SignNet
 
 MEAN, STD = [0.4, 0.35, 0.3], [0.25, 0.24, 0.23]
 
@@ -121,6 +122,6 @@ def test_committee_arch_round_trips_and_old_files_are_single_networks() -> None:
     x = torch.rand(2, 3, 32, 32)
     assert torch.equal(model(x), again(x))
     old = {k: v for k, v in arch.items() if k != "members"}
-    assert isinstance(nets.build_from_arch(old, MEAN, STD), nets.SignNet)
+    assert isinstance(nets.build_from_arch(old, MEAN, STD), SignNet)
     with pytest.raises(ValueError, match="members"):
         nets.build("signnet", MEAN, STD, 32, members=0)

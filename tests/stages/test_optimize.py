@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pipeline import nets
+from pipeline.architectures.signnet import SignNet
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import read_split
 from pipeline.config import Params, parse_params
@@ -497,7 +498,7 @@ def test_keep_members_takes_the_first_networks_of_a_committee(tmp_path: Path) ->
     committee = nets.build("signnet", [0.5] * 3, [0.25] * 3, 16, width=8, members=3).eval()
     x = torch.rand(4, 3, 16, 16)
     one = prune.keep_members(committee, 1)
-    assert isinstance(one, nets.SignNet)
+    assert isinstance(one, SignNet)
     with torch.no_grad():
         torch.testing.assert_close(one(x), committee.members[0](x))
     two = prune.keep_members(committee, 2)
