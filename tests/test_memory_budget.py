@@ -61,8 +61,8 @@ def _step(batch: int, budget_gb: float) -> dict[str, int]:
 
 
 def test_a_224_px_training_step_stays_within_the_budget_that_a_whole_batch_exceeds() -> None:
-    whole = _step(96, 0)  # no limit: the batch of 96 in one piece
-    fitted = _step(96, 1.5)
-    assert whole["micro"] == 96 and whole["peak"] > 1.5 * GB  # the whole batch would not fit
-    assert fitted["micro"] < 96
+    whole = _step(64, 0)  # no limit: the batch of 64 in one piece
+    fitted = _step(64, 1.5)
+    assert whole["micro"] == 64 and whole["peak"] > 1.5 * GB  # the whole batch would not fit
+    assert fitted["micro"] < 64
     assert fitted["peak"] < 1.5 * GB
