@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -55,6 +55,12 @@ class Result:
     status: str  # ok | failed | skipped
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    predicted: list[int] | None = None
+    """Top-1 class of every test image (the choice's label-free guard; not written to the report)."""
+
+    def record(self) -> dict[str, Any]:
+        """What report.json keeps of it."""
+        return {k: v for k, v in asdict(self).items() if k != "predicted"}
 
 
 def bf16_capable(isa: Sequence[str], architecture: str | None = None) -> bool:
@@ -120,7 +126,8 @@ def run_setup(setup: Setup, config: BenchmarkConfig, timeout_s: float, throughpu
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return Result(setup, "failed", f"exit {done.returncode}: {tail[:300]}")
-    return Result(setup, "ok", metrics=json.loads(lines[-1]))
+    measured = json.loads(lines[-1])
+    return Result(setup, "ok", metrics=measured, predicted=measured.pop("predicted", None))
 
 
 SGEMM_SIDE = 2048
@@ -241,13 +248,10 @@ def measure(setup: Setup, config: BenchmarkConfig, throughput_only: bool = False
         batch = np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size]
         metrics[f"throughput_b{size}"] = _throughput(runtime.predict, batch, config.min_seconds, 3)
 
-    correct = 0
-    for start, batch in zip(range(0, len(test), 256), test.batches(256), strict=True):
-        logits = runtime.predict(batch)
-        correct += int((logits.argmax(axis=1) == labels[start : start + 256]).sum())
-    metrics["accuracy"] = correct / len(labels)
+    predicted = np.concatenate([runtime.predict(batch).argmax(axis=1) for batch in test.batches(256)])
+    metrics["accuracy"] = float((predicted == labels).mean())  # reported; the choice reads `predicted` only
     metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return metrics
+    return {**metrics, "predicted": predicted.tolist()}
 
 
 # ---- reports, choice, profile ---------------------------------------------------------------------------
@@ -387,25 +391,37 @@ def per_variant_table(report: dict[str, Any], batch: int = 32) -> list[str]:
     return lines
 
 
-def choose(
-    results: Sequence[Result], reference_accuracy: float | Mapping[str, float], config: BenchmarkConfig
-) -> Result | None:
-    """Fastest setup at batch 32 (all cores) among the server's runtimes within the accuracy gate: against one
-    reference, or against each variant's own accuracy as optimize measured it (optimize gated the variants on
-    served accuracy; here a backend must not lose what its variant had)."""
+def choose(results: Sequence[Result], config: BenchmarkConfig) -> Result | None:
+    """Fastest setup at batch 32 (all cores) among the server's runtimes whose answers agree with its variant's
+    reference run (the variant on its first runtime, default settings, all cores) on at least 1 - max_accuracy_drop
+    of the test images: a backend must not change what its variant predicts. Label-free: optimize gated the variants
+    themselves (on validation, or on agreement with the trained model), and no choice here reads the test labels."""
+    references = reference_predictions(results)
 
-    def floor(variant: str) -> float:
-        if isinstance(reference_accuracy, Mapping):
-            return reference_accuracy.get(variant, float("inf")) - config.max_accuracy_drop
-        return reference_accuracy - config.max_accuracy_drop
+    def agrees(r: Result) -> bool:
+        reference = references.get(r.setup.variant)
+        if r.predicted is None or reference is None or len(reference) != len(r.predicted):
+            return False
+        same = sum(a == b for a, b in zip(r.predicted, reference, strict=True))
+        return same >= (1 - config.max_accuracy_drop) * len(reference) - 1e-9
 
     candidates = [
         r for r in results
-        if r.status == "ok" and r.setup.threads == 0 and r.setup.backend in config.serving_backends
-        and r.metrics["accuracy"] >= floor(r.setup.variant) - 1e-9
+        if r.status == "ok" and r.setup.threads == 0 and r.setup.backend in config.serving_backends and agrees(r)
     ]  # fmt: skip
     key = f"throughput_b{config.batch_sizes[0]}"
     return max(candidates, key=lambda r: r.metrics[key], default=None)
+
+
+def reference_predictions(results: Sequence[Result]) -> dict[str, list[int]]:
+    """Each variant's answers on its first measured setup at default settings and all cores (plan() measures a
+    variant's own runtime first)."""
+    references: dict[str, list[int]] = {}
+    for r in results:
+        default = r.setup.setting in ("default", "onednn-on") and r.setup.threads == 0
+        if r.status == "ok" and default and r.predicted is not None and r.setup.variant not in references:
+            references[r.setup.variant] = r.predicted
+    return references
 
 
 def no_servable_setup(variants: Sequence[Any], config: BenchmarkConfig) -> str:
@@ -578,7 +594,7 @@ def run(params: Params) -> None:
                 if result.status == "ok" else f"{result.status}: {result.error}"
             )  # fmt: skip
             steps.finished(setup.label, summary)
-        chosen = choose(results, {v.name: v.accuracy for v in manifest.variants if v.accepted}, config)
+        chosen = choose(results, config)
         rounds = headline_rounds(chosen, results, config)
         sgemm = measure_sgemm(config.timeout_s)
         log(f"benchmark: roofline, fp32 sgemm on all cores (GMAC/s): {json.dumps(sgemm) if sgemm else 'not measured'}")
@@ -586,7 +602,7 @@ def run(params: Params) -> None:
             "machine": machine,
             "config": config.model_dump(mode="json"),
             "wall_s": time.perf_counter() - began,
-            "results": [asdict(r) for r in results],
+            "results": [r.record() for r in results],
             "chosen": asdict(chosen.setup) | {"metrics": chosen.metrics} if chosen else None,
             # What users get from the chosen variant: optimize's figure on the original files (serving framing).
             "chosen_served_accuracy": next(
@@ -630,7 +646,7 @@ def headline_rounds(chosen: Result | None, results: Sequence[Result], config: Be
     """The served setup and PyTorch's default eager timed alternately, `benchmark.headline_rounds` times, each run in
     a fresh process: the ratio of each round, their median and range (None without the two, or with 0 rounds)."""
     key = f"throughput_b{config.batch_sizes[0]}"
-    default = benchmark_report.default_eager([asdict(r) for r in results], config.batch_sizes[0])
+    default = benchmark_report.default_eager([r.record() for r in results], config.batch_sizes[0])
     if chosen is None or default is None or config.headline_rounds == 0:
         return None
     baseline = Setup(**default["setup"])
