@@ -176,8 +176,16 @@ def champion_accuracy(
     import mlflow
     import pandas as pd
 
-    with quiet_mlflow_logging():
-        model = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model_name}@champion")
+    try:
+        with quiet_mlflow_logging():
+            model = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model_name}@champion")
+    except Exception as exc:  # its artifacts gone, or not a model this package made: nothing to compare with
+        console.log(
+            f"WARNING: evaluate: the registered champion (version {version.version}) cannot be loaded, so this run "
+            f"is not compared with it ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+            "`pipeline promote --version N` points the alias at a loadable version"
+        )
+        return None
     correct = 0
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
