@@ -120,7 +120,7 @@ def test_a_pull_requests_pipeline_run_compares_with_the_champion_and_leaves_it(t
     event = tmp_path / "event.json"
     event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
                                  "repository": {"default_branch": "main"}}))  # fmt: skip
-    result = act("pipeline", "-e", str(event), "--matrix", "arch:x86_64", "--var", "PIPELINE_QUICK=true",
+    result = act("pipeline", "-e", str(event), "-j", "repro", "--matrix", "arch:x86_64", "--var", "PIPELINE_QUICK=true",
                  "--var", "PIPELINE_EPOCHS=1", "--secret", f"MLFLOW_TRACKING_URI={store}", out=tmp_path / "act",
                  gtsrb=gtsrb, event="pull_request")  # fmt: skip
     log = result.stdout + result.stderr
