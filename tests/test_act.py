@@ -112,11 +112,14 @@ def test_a_pull_requests_pipeline_run_compares_with_the_champion_and_leaves_it(t
 
     real = os.environ.get("GTSRB_ROOT")
     gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
+    from pipeline.config import load_params
+
+    names = load_params(REPO / "params.yaml").tracking  # the demo data's names, as the workflow's run resolves them
     store = f"sqlite:///{tmp_path / 'team.db'}"
     client = mlflow.MlflowClient(store, registry_uri=store)
-    client.create_registered_model("gtsrb-classifier")
-    kept = client.create_model_version("gtsrb-classifier", str(tmp_path), tags={"variant": "fp32-onnx"})
-    client.set_registered_model_alias("gtsrb-classifier", "champion", kept.version)
+    client.create_registered_model(names.registered_model_name)
+    kept = client.create_model_version(names.registered_model_name, str(tmp_path), tags={"variant": "fp32-onnx"})
+    client.set_registered_model_alias(names.registered_model_name, "champion", kept.version)
     event = tmp_path / "event.json"
     event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
                                  "repository": {"default_branch": "main"}}))  # fmt: skip
@@ -127,12 +130,12 @@ def test_a_pull_requests_pipeline_run_compares_with_the_champion_and_leaves_it(t
     assert result.returncode == 0, log[-5000:]
     assert "the champion stays where it is (a pull request's run)" in log, log[-5000:]
     assert "Success - Main dvc push" not in log  # a pull request shares nothing either
-    assert client.get_model_version_by_alias("gtsrb-classifier", "champion").version == kept.version
+    assert client.get_model_version_by_alias(names.registered_model_name, "champion").version == kept.version
     evaluated = client.search_runs(
-        [client.get_experiment_by_name("gtsrb").experiment_id], "attributes.run_name = 'evaluate'"
+        [client.get_experiment_by_name(names.experiment).experiment_id], "attributes.run_name = 'evaluate'"
     )
     assert [(r.data.tags["gate"], r.data.tags["promoted"]) for r in evaluated] == [("passed", "no")]
-    assert len(client.search_model_versions("name='gtsrb-classifier'")) > 1  # the run registered its variants
+    assert len(client.search_model_versions(f"name='{names.registered_model_name}'")) > 1  # it registered its own
 
 
 def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, tmp_path: Path) -> None:
