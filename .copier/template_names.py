@@ -113,7 +113,6 @@ NAMES: list[tuple[str, str, str]] = [
     ("tests/stages/test_optimize.py", "gtsrb-classifier", "{registered_model_name}"),
     ("tests/stages/test_prepare.py", 'experiment_names=["gtsrb"]', 'experiment_names=["{experiment}"]'),
     ("tests/test_monitoring.py", '"gtsrb-server"', '"{image_name}"'),
-    ("tests/test_team_stack.py", "gtsrb-classifier", "{registered_model_name}"),
     ("tests/artifacts/test_artifacts.py", "gtsrb-server", "{image_name}"),
 ]
 
