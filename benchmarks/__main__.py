@@ -6,9 +6,9 @@ no product module imports it, and neither the wheel, the server image nor a gene
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from pipeline.cli import PASS_THROUGH, _tool  # the same pass-through the product's CLI uses
 
 app = typer.Typer(
     name="python -m benchmarks",
@@ -17,14 +17,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-
-
-def _tool(module: str, ctx: typer.Context) -> None:
-    """Run a tool's argparse main() with the remaining command-line arguments."""
-    code = importlib.import_module(module).main(list(ctx.args))
-    if code:
-        raise typer.Exit(code=int(code))
 
 
 @app.command("train", context_settings=PASS_THROUGH)

@@ -19,9 +19,8 @@ from torch import nn
 from pipeline import console
 
 GB = 1024**3
-# Resident bytes per image over the sum of every layer's fp32 output for one image: the slope of peak RSS between two
-# batch sizes at 224 px was 0.64-1.05 of it in training and 0.19-0.27 in evaluation for four networks
-# (docs/own-data.md), with a margin over the largest.
+# Resident bytes per image over the sum of every layer's fp32 output for one image: the measured slope of peak RSS
+# between two batch sizes, with a margin over the largest network's (docs/own-data.md has the measurements).
 TRAIN_FACTOR = 1.3
 EVAL_FACTOR = 0.4
 # The optimizer's per-parameter state when training: the gradient and AdamW's two moments.
