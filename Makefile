@@ -42,7 +42,7 @@ help:
 	.tools/bin/pip install --quiet --disable-pip-version-check uv
 
 .venv/.synced: $(UV) pyproject.toml uv.lock
-	$(UV) sync --frozen
+	$(UV) sync --frozen --compile-bytecode
 	@touch $@
 
 env: .venv/.synced

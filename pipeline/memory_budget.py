@@ -25,6 +25,9 @@ TRAIN_FACTOR = 1.3
 EVAL_FACTOR = 0.4
 # The optimizer's per-parameter state when training: the gradient and AdamW's two moments.
 TRAIN_STATE_PER_PARAMETER = 3
+# What a first backward adds beyond the layer outputs (kernel scratch, the allocator's arenas): the intercept of
+# peak RSS over batch size sits this far above the resident memory before the step.
+STEP_OVERHEAD_BYTES = 384 * 2**20
 
 
 def resident_bytes() -> int:
@@ -95,7 +98,7 @@ class Budget:
         """The largest part of a training batch of `batch` whose step fits under the limit (`batch` when it does)."""
         if not self.limit_bytes:
             return batch
-        fixed = resident_bytes() + parameters * 4 * TRAIN_STATE_PER_PARAMETER
+        fixed = resident_bytes() + STEP_OVERHEAD_BYTES + parameters * 4 * TRAIN_STATE_PER_PARAMETER
         fits = _round_down(self._fits(TRAIN_FACTOR, fixed))
         if fits >= batch:
             return batch

@@ -84,7 +84,7 @@ for stage in $stages; do run_stage "$stage"; done
 step "python -m benchmarks gpu"
 if $dry; then flags=(--dry-run); else flags=(--seconds 0.5); fi
 [ -n "${GPU_CHECK_BENCH_FLAGS:-}" ] && read -ra extra <<< "$GPU_CHECK_BENCH_FLAGS" && flags+=("${extra[@]}")
-"$python" -m pipeline.cli bench gpu "${flags[@]}" --out "$out" > "$out/bench-gpu.log" 2>&1 || { tail -20 "$out/bench-gpu.log" >&2; exit 1; }
+"$python" -m benchmarks gpu "${flags[@]}" --out "$out" > "$out/bench-gpu.log" 2>&1 || { tail -20 "$out/bench-gpu.log" >&2; exit 1; }
 
 "$python" - "$out" "$dry" "$device" "$nproc" "$stages" > "$out/summary.md" <<'EOF'
 import json, sys
