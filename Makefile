@@ -41,8 +41,10 @@ help:
 	python3 -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv
 
+# Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE), every process would compile torch's sources again
+# on import (seconds each): compile them once here instead.
 .venv/.synced: $(UV) pyproject.toml uv.lock
-	$(UV) sync --frozen --compile-bytecode
+	$(UV) sync --frozen $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode)
 	@touch $@
 
 env: .venv/.synced

@@ -19,14 +19,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.data.sources import DATA_SOURCES
+
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
 
 GTSRB_ROOT_ENV = "GTSRB_ROOT"
 MONITOR_URL_ENV = "PIPELINE_MONITOR_URL"
 RECIPES_DIR = Path(__file__).with_name("recipes")
-# `recipe: auto` by data source: the demo's data gets the demo's recipe, your photos the photos recipe.
-RECIPE_FOR_SOURCE = {"gtsrb": "gtsrb", "folder": "photos", "csv": "photos"}
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 # Keys left empty take a name made from `name` (the demo's `gtsrb` gives the demo's names).
 NAMED_KEYS = {
@@ -48,8 +48,8 @@ class Section(BaseModel):
 class DataConfig(Section):
     """The prepare stage: where the images are, and how they become arrays."""
 
-    source: Literal["gtsrb", "folder", "csv"] = "gtsrb"
-    """`gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
+    source: str = "gtsrb"
+    """A name in pipeline/data/sources.py's table. `gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
     (or `train/<class>/` and `test/<class>/`). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
     columns (pipeline/data/listing.py). Classes come from the data."""
     root: PathField = Path("data/raw")
@@ -93,6 +93,13 @@ class DataConfig(Section):
     """Size of each prepared image shard (data/prepared/SPLIT/images-NNNNN.npy): what prepare holds in memory per
     split while writing; readers take single rows from them, so it bounds nothing else."""
     seed: int = 42
+
+    @field_validator("source")
+    @classmethod
+    def _source_name(cls, value: str) -> str:
+        if value not in DATA_SOURCES:
+            raise ValueError(f"unknown data source {value!r}; choose one of {', '.join(DATA_SOURCES)}")
+        return value
 
     def resolved_root(self) -> Path:
         """`root`, unless $GTSRB_ROOT points a gtsrb run at another copy."""
@@ -684,7 +691,8 @@ def name_of_data(source: str, root: Any) -> str:
     if source == "gtsrb":
         return "gtsrb"
     path = Path(str(root or "")).expanduser().absolute()
-    parts = [path.stem if source == "csv" else path.name, *(p.name for p in path.parents)]
+    known = DATA_SOURCES.get(source)
+    parts = [path.stem if known and known.root_is_file else path.name, *(p.name for p in path.parents)]
     for part in parts:
         slug = re.sub(r"[^a-z0-9]+", "-", part.lower()).strip("-")[:63].strip("-")
         if slug and slug not in _GENERIC_FOLDERS:
@@ -696,7 +704,8 @@ def recipe_layer(recipe: str, data_source: str, source: str = "params.yaml") -> 
     """A built-in recipe's keys; a file of yours over the built-in recipe your data would get."""
     layer = _without_nulls(read_recipe(recipe, source))
     if recipe not in recipe_names():
-        layer = _merge(_without_nulls(read_recipe(RECIPE_FOR_SOURCE.get(data_source, "gtsrb"), source)), layer)
+        known = DATA_SOURCES.get(data_source)
+        layer = _merge(_without_nulls(read_recipe(known.recipe if known else "gtsrb", source)), layer)
     return layer
 
 
@@ -708,7 +717,8 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
     if not isinstance(recipe, str):
         raise ConfigError(f"{source}: recipe: expected a recipe name or a YAML file, got {recipe!r}")
     if recipe == "auto":
-        recipe = RECIPE_FOR_SOURCE.get(data_source, "gtsrb")
+        known = DATA_SOURCES.get(data_source)
+        recipe = known.recipe if known else "gtsrb"
     merged = _merge(recipe_layer(recipe, data_source, source), _without_nulls(raw))
     merged["recipe"] = recipe
     return merged

@@ -1,5 +1,6 @@
 """The GitHub workflows run end to end on this machine with act, offline (`scripts/act.sh`, the command in docs/ci.md):
-ci.yml with a narrowed test selection, pipeline.yml as a quick run on both legs plus the compare job."""
+ci.yml with a narrowed test selection, pipeline.yml once as a quick pull-request run on both legs plus the compare
+job, and monitor.yml's drift job."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from tests.helpers.s3 import KEYS, weed_s3
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ACT = REPO / ".venv" / "bin" / "act"
-DVC = [sys.executable, "-m", "dvc"]
 if not ACT.exists() and shutil.which("act"):
     ACT = Path(shutil.which("act") or "act")
 
@@ -60,35 +59,40 @@ def test_ci_workflow_runs_under_act(tmp_path: Path) -> None:
     )
 
 
-def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
+def test_pipeline_workflow_on_a_pull_request_runs_both_legs_and_leaves_the_champion(tmp_path: Path) -> None:
+    """pipeline.yml once, as a pull request (quick, through the repository variables), on both legs and the compare
+    job, with the team's DVC remote and MLflow store as secrets: each leg pulls from the remote and pushes nothing,
+    evaluate's gate passes and is logged in the store, and `champion` stays on the version it named. (A push's
+    `dvc push` and a teammate's `dvc pull` run against the team stack in tests/test_team_stack.py; the champion
+    moving on the default branch in tests/stages/test_evaluate.py.)"""
+    import mlflow
+
+    from pipeline.config import load_params
+
     real = os.environ.get("GTSRB_ROOT")
     gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
-    with weed_s3() as endpoint:  # the team's DVC remote, given as the workflow's secrets
-        secrets = {"DVC_REMOTE_URL": "s3://dvc/ci", "DVC_REMOTE_ENDPOINT": endpoint, **KEYS}
+    names = load_params(REPO / "params.yaml").tracking  # the demo data's names, as the workflow's run resolves them
+    store = f"sqlite:///{tmp_path / 'team.db'}"
+    client = mlflow.MlflowClient(store, registry_uri=store)
+    client.create_registered_model(names.registered_model_name)
+    kept = client.create_model_version(names.registered_model_name, str(tmp_path), tags={"variant": "fp32-onnx"})
+    client.set_registered_model_alias(names.registered_model_name, "champion", kept.version)
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
+                                 "repository": {"default_branch": "main"}}))  # fmt: skip
+    with weed_s3() as endpoint:  # the team's DVC remote
+        secrets = {"DVC_REMOTE_URL": "s3://dvc/ci", "DVC_REMOTE_ENDPOINT": endpoint, **KEYS,
+                   "MLFLOW_TRACKING_URI": store}  # fmt: skip
         flags = [arg for name, value in secrets.items() for arg in ("--secret", f"{name}={value}")]
-        result = act("pipeline", "--input", "quick=true", "--input", "epochs=1", *flags, out=tmp_path / "act",
-                     gtsrb=gtsrb, jobs=2)  # fmt: skip
-        log = result.stdout + result.stderr
-        assert result.returncode == 0, log[-5000:]
-        for step in ("dvc pull from the team's remote", "dvc push to the team's remote"):
-            assert log.count(f"Success - Main {step}") == 2, f"{step}: not run on both runners"
-        # A teammate with the run's dvc.lock and the remote: `dvc pull` brings the data the runner prepared.
-        artifact = tmp_path / "act" / "pipeline" / "pipeline-x86_64"
-        teammate = tmp_path / "teammate"
-        teammate.mkdir()
-        for name in ("dvc.yaml", "params.yaml", "dvc.lock"):
-            shutil.copy(artifact / name if (artifact / name).is_file() else REPO / name, teammate / name)
-        env = {**os.environ, **KEYS}
-        for cmd in (["git", "init", "-q"], [*DVC, "init", "-q"], [*DVC, "remote", "add", "-d", "team", "s3://dvc/ci"],
-                    [*DVC, "remote", "modify", "team", "endpointurl", endpoint], [*DVC, "pull", "prepare"]):  # fmt: skip
-            done = subprocess.run(cmd, cwd=teammate, env=env, capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stdout + done.stderr
-    pulled = json.loads((teammate / "data" / "prepared" / "manifest.json").read_text())
-    assert pulled == json.loads((artifact / "data" / "prepared" / "manifest.json").read_text())
-    assert (teammate / "data" / "prepared" / "train" / "images-00000.npy").is_file()
+        result = act("pipeline", "-e", str(event), "--var", "PIPELINE_QUICK=true", "--var", "PIPELINE_EPOCHS=1",
+                     *flags, out=tmp_path / "act", gtsrb=gtsrb, jobs=2, event="pull_request")  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
     for job in ("repro (x86_64)", "repro (arm64)", "compare x86 and Arm"):
         assert f"[pipeline/{job}" in log, f"job {job} did not run"
     assert "Job failed" not in log
+    assert log.count("Success - Main dvc pull from the team's remote") == 2, "dvc pull: not run on both runners"
+    assert "Success - Main dvc push" not in log  # a pull request shares nothing
     for arch in ("x86_64", "arm64"):
         artifact = tmp_path / "act" / "pipeline" / f"pipeline-{arch}"
         report = json.loads((artifact / "reports" / "benchmark" / "report.json").read_text())
@@ -100,42 +104,16 @@ def test_pipeline_workflow_runs_under_act(tmp_path: Path) -> None:
         assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
         assert not (artifact / "models" / "checkpoints").exists()
         assert "epochs: 1" in (artifact / "params.yaml").read_text()
-        assert (tmp_path / "act" / "pipeline" / f"mlflow-{arch}" / "mlflow.db").is_file()
     # The compare job's table went to the job summary (act prints summaries in its log).
     assert "Benchmark: x86 and Arm runners" in log and "| machine | variant |" in log
-
-
-def test_a_pull_requests_pipeline_run_compares_with_the_champion_and_leaves_it(tmp_path: Path) -> None:
-    """pipeline.yml on a pull_request event (one leg, quick through the repository variables), tracking to the
-    team's MLflow store: evaluate's gate passes and is logged there, and `champion` stays on the version it named."""
-    import mlflow
-
-    real = os.environ.get("GTSRB_ROOT")
-    gtsrb = Path(real) if real and (Path(real) / "gtsrb").is_dir() else write_synthetic_gtsrb(tmp_path / "gtsrb")
-    from pipeline.config import load_params
-
-    names = load_params(REPO / "params.yaml").tracking  # the demo data's names, as the workflow's run resolves them
-    store = f"sqlite:///{tmp_path / 'team.db'}"
-    client = mlflow.MlflowClient(store, registry_uri=store)
-    client.create_registered_model(names.registered_model_name)
-    kept = client.create_model_version(names.registered_model_name, str(tmp_path), tags={"variant": "fp32-onnx"})
-    client.set_registered_model_alias(names.registered_model_name, "champion", kept.version)
-    event = tmp_path / "event.json"
-    event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
-                                 "repository": {"default_branch": "main"}}))  # fmt: skip
-    result = act("pipeline", "-e", str(event), "-j", "repro", "--matrix", "arch:x86_64", "--var", "PIPELINE_QUICK=true",
-                 "--var", "PIPELINE_EPOCHS=1", "--secret", f"MLFLOW_TRACKING_URI={store}", out=tmp_path / "act",
-                 gtsrb=gtsrb, event="pull_request")  # fmt: skip
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-5000:]
-    assert "the champion stays where it is (a pull request's run)" in log, log[-5000:]
-    assert "Success - Main dvc push" not in log  # a pull request shares nothing either
+    # Both legs logged their gate to the team's store; neither moved the champion.
+    assert log.count("the champion stays where it is (a pull request's run)") == 2, log[-5000:]
     assert client.get_model_version_by_alias(names.registered_model_name, "champion").version == kept.version
-    evaluated = client.search_runs(
+    evaluated_runs = client.search_runs(
         [client.get_experiment_by_name(names.experiment).experiment_id], "attributes.run_name = 'evaluate'"
     )
-    assert [(r.data.tags["gate"], r.data.tags["promoted"]) for r in evaluated] == [("passed", "no")]
-    assert len(client.search_model_versions(f"name='{names.registered_model_name}'")) > 1  # it registered its own
+    assert [(r.data.tags["gate"], r.data.tags["promoted"]) for r in evaluated_runs] == [("passed", "no")] * 2
+    assert len(client.search_model_versions(f"name='{names.registered_model_name}'")) > 1  # they registered their own
 
 
 def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """What a data source lists: labelled image files, their classes, and the files it left out (with why).
 
-Three sources (`data.source`), one Listing each:
+The built-in sources (`data.source`, the table in pipeline/data/sources.py), one Listing each:
 - `gtsrb` (pipeline/data/gtsrb.py): torchvision's GTSRB with the official CSVs (boxes, tracks).
 - `folder`: one sub-folder per class, as torchvision's ImageFolder (ROOT/<class>/<file>); or ROOT/train/<class>/
   and ROOT/test/<class>/ when the data comes split.
@@ -70,8 +70,9 @@ def _check_classes(classes: list[str], where: Path) -> None:
         raise StageError(f"{where}: {len(classes)} classes; at most {MAX_CLASSES} are supported")
 
 
-def list_folder(root: Path) -> Listing:
-    """ROOT/<class>/<images> (then no test split), or ROOT/train/<class>/ + ROOT/test/<class>/."""
+def list_folder(root: Path, download: bool = False) -> Listing:
+    """ROOT/<class>/<images> (then no test split), or ROOT/train/<class>/ + ROOT/test/<class>/ (your data: nothing to
+    download)."""
     root = Path(root)
     if not root.is_dir():
         raise StageError(f"data.root {root} is not a folder (data.source: folder wants ROOT/<class>/<images>)")
@@ -138,7 +139,7 @@ def _parse_box(text: str, row: int, csv_path: Path) -> Box | None:
     return (x1, y1, x2, y2)
 
 
-def list_csv(csv_path: Path) -> Listing:
+def list_csv(csv_path: Path, download: bool = False) -> Listing:
     """A CSV with path,label[,group][,box][,split]; paths relative to its folder."""
     csv_path = Path(csv_path)
     if not csv_path.is_file():

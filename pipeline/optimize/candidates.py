@@ -33,10 +33,8 @@ from pipeline.config import OptimizeConfig, Params
 from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
-from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file
+from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file, runtimes_for
 from pipeline.served import served_test_input
-
-TORCH_RUNTIMES = [TORCH_EAGER, TORCH_COMPILE]
 
 
 def load_images(split: str, image_size: int) -> ModelInput:
@@ -230,19 +228,19 @@ class Optimizer:
         """`<prefix>` (torch fp32) then `<prefix>-onnx` and `<prefix>-int8-onnx` from it."""
         params = nets.count_parameters(model)
         extra = {**extra, "macs": nets.count_macs(model, self.image_size)}  # the same graph in every format
-        fp32 = Candidate(prefix, f"{prefix}.pt", "torch-state-dict", TORCH_RUNTIMES, "fp32", params)
+        fp32 = Candidate(prefix, f"{prefix}.pt", "torch-state-dict", runtimes_for("torch-state-dict"), "fp32", params)
         fp32.details.update(extra)
         self.attempt(fp32, lambda: model_file.write_like(self.staging / fp32.file, model, like, variant=prefix))
         torch_logits = self.last_logits
         onnx_name = "fp32-onnx" if prefix == "fp32" else f"{prefix}-onnx"
-        onnx = Candidate(onnx_name, f"{onnx_name}.onnx", "onnx", [ONNXRUNTIME], "fp32", params, prefix)
+        onnx = Candidate(onnx_name, f"{onnx_name}.onnx", "onnx", runtimes_for("onnx"), "fp32", params, prefix)
         onnx.reference_logits = torch_logits
         onnx.details["macs"] = extra["macs"]
         exported = self.attempt(onnx, lambda: export.export_onnx(model, self.staging / onnx.file, self.image_size))
         if not self.cfg.int8_onnx or not (self.staging / onnx.file).exists() or exported.reason.startswith("could not"):
             return
         int8_name = "int8-onnx" if prefix == "fp32" else f"{prefix}-int8-onnx"
-        int8 = Candidate(int8_name, f"{int8_name}.onnx", "onnx", [ONNXRUNTIME], "int8", params, onnx_name)
+        int8 = Candidate(int8_name, f"{int8_name}.onnx", "onnx", runtimes_for("onnx"), "int8", params, onnx_name)
         int8.details["macs"] = extra["macs"]
 
         def make_int8() -> None:
@@ -261,7 +259,7 @@ class Optimizer:
                 "int8-pt2e",
                 "int8-pt2e.pt2",
                 "torch-export",
-                [TORCH_COMPILE, TORCH_EAGER],
+                runtimes_for("torch-export", first=TORCH_COMPILE),  # pt2e int8 runs int8 kernels compiled only
                 "int8",
                 nets.count_parameters(model),
                 "fp32",
@@ -278,7 +276,14 @@ class Optimizer:
         native = quantize.has_native_bf16()
         if cfg.bf16 == "on" or (cfg.bf16 == "auto" and native):
             bf16_model = model_file.read(self.staging / "fp32.pt")[0].to(torch.bfloat16)
-            c = Candidate("bf16", "bf16.pt", "torch-state-dict", TORCH_RUNTIMES, "bf16", nets.count_parameters(model))
+            c = Candidate(
+                "bf16",
+                "bf16.pt",
+                "torch-state-dict",
+                runtimes_for("torch-state-dict"),
+                "bf16",
+                nets.count_parameters(model),
+            )
             c.details["native_bf16"] = native
             c.source = "fp32"
             self.attempt(c, lambda: model_file.write_like(self.staging / c.file, bf16_model, payload, variant="bf16"))

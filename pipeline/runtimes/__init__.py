@@ -7,16 +7,25 @@ and onnxruntime; the torch backends import torch when they are opened.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from pipeline.artifacts.variants import ModelManifest, Variant, read_manifest
 from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
-from pipeline.runtimes.base import BACKENDS, ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Runtime
+from pipeline.runtimes.base import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Backend, Opener, Runtime
+
+# Every backend: one module with an Opener each, one line here (docs/extending.md). Order is preference: a variant
+# made by optimize lists the backends that open its format in this order, and `auto` serves it on the first.
+RUNTIME_BACKENDS: dict[str, Backend] = {
+    ONNXRUNTIME: Backend(("onnx",), "pipeline.runtimes.onnx:open_onnx"),
+    TORCH_EAGER: Backend(("torch-state-dict", "torch-export"), "pipeline.runtimes.torch_backend:open_eager"),
+    TORCH_COMPILE: Backend(("torch-state-dict", "torch-export"), "pipeline.runtimes.torch_backend:open_compiled"),
+}
 
 __all__ = [
-    "BACKENDS",
     "ONNXRUNTIME",
+    "RUNTIME_BACKENDS",
     "TORCH_COMPILE",
     "TORCH_EAGER",
     "ModelManifest",
@@ -25,7 +34,19 @@ __all__ = [
     "open_file",
     "open_runtime",
     "read_manifest",
+    "runtimes_for",
 ]
+
+
+def runtimes_for(fmt: str, first: str | None = None) -> list[str]:
+    """The backends that open files of format `fmt`, in the table's order (`first` moved to the front)."""
+    names = [name for name, backend in RUNTIME_BACKENDS.items() if fmt in backend.formats]
+    return sorted(names, key=lambda name: name != first)
+
+
+def _opener(backend: str) -> Opener:
+    module, function = RUNTIME_BACKENDS[backend].opener.split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def open_file(
@@ -39,8 +60,8 @@ def open_file(
     """A runtime for one variant file (the optimize stage uses it before the manifest exists)."""
     if backend == "auto":
         backend = variant.runtimes[0]
-    if backend not in BACKENDS:
-        raise StageError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    if backend not in RUNTIME_BACKENDS:
+        raise StageError(f"unknown backend {backend!r}; choose one of auto, {', '.join(RUNTIME_BACKENDS)}")
     if backend not in variant.runtimes:
         raise StageError(
             f"variant {variant.name!r} ({variant.format}) cannot run on {backend}; "
@@ -55,13 +76,7 @@ def open_file(
             "or corrupted after the optimize stage made it; rerun `pipeline optimize` (or `dvc pull`)"
         )
     try:
-        if backend == ONNXRUNTIME:
-            from pipeline.runtimes.onnx import OnnxRuntime
-
-            return OnnxRuntime(Path(path), variant.name, image_size, threads, spin)
-        from pipeline.runtimes.torch_backend import TorchRuntime
-
-        return TorchRuntime(Path(path), variant.format, variant.name, image_size, backend, threads)
+        return _opener(backend)(Path(path), variant.format, variant.name, image_size, threads, spin)
     except ValueError as exc:
         raise StageError(str(exc)) from None
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-# Backend names, as written in the manifest's `runtimes` lists.
+# Backend names, as written in the manifest's `runtimes` lists (the table: pipeline/runtimes/__init__.py).
 ONNXRUNTIME = "onnxruntime"
 TORCH_EAGER = "torch-eager"
 TORCH_COMPILE = "torch-compile"
-BACKENDS = (ONNXRUNTIME, TORCH_EAGER, TORCH_COMPILE)
 
 
 @runtime_checkable
@@ -22,6 +23,24 @@ class Runtime(Protocol):
     def predict(self, images: np.ndarray) -> np.ndarray:
         """float32 [N, 3, H, W] RGB in [0, 1] -> logits float32 [N, num_classes]."""
         ...
+
+
+class Opener(Protocol):
+    """A backend's entry: open one variant file (a ValueError says why it cannot)."""
+
+    def __call__(
+        self, path: Path, fmt: str, variant: str, image_size: int, threads: int | None, spin: bool
+    ) -> Runtime: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to run variant files: the formats it opens, and where its opener lives."""
+
+    formats: tuple[str, ...]
+    """The variant file formats it runs (models/manifest.json's `format`: onnx, torch-state-dict, torch-export)."""
+    opener: str
+    """`module:function` (an Opener), imported only when a variant is opened: the server image has no torch."""
 
 
 def check_batch(images: np.ndarray, size: int) -> np.ndarray:

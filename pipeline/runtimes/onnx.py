@@ -40,3 +40,8 @@ class OnnxRuntime:
         batch = check_batch(images, self.image_size)
         (logits,) = self.session.run([self.output_name], {self.input_name: batch})
         return np.asarray(logits, dtype=np.float32)
+
+
+def open_onnx(path: Path, fmt: str, variant: str, image_size: int, threads: int | None, spin: bool) -> OnnxRuntime:
+    """The Opener of the table: ONNX Runtime's CPU provider."""
+    return OnnxRuntime(path, variant, image_size, threads, spin)

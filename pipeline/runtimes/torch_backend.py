@@ -47,3 +47,13 @@ class TorchRuntime:
         with torch.inference_mode():
             logits = self.fn(batch.to(self.dtype))
         return logits.float().numpy()
+
+
+def open_eager(path: Path, fmt: str, variant: str, image_size: int, threads: int | None, spin: bool) -> TorchRuntime:
+    """The Opener of the table: PyTorch eager."""
+    return TorchRuntime(path, fmt, variant, image_size, TORCH_EAGER, threads)
+
+
+def open_compiled(path: Path, fmt: str, variant: str, image_size: int, threads: int | None, spin: bool) -> TorchRuntime:
+    """The Opener of the table: torch.compile (Inductor)."""
+    return TorchRuntime(path, fmt, variant, image_size, TORCH_COMPILE, threads)

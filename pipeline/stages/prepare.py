@@ -31,9 +31,9 @@ from pipeline.artifacts.prepared import (
 )
 from pipeline.config import GTSRB_ROOT_ENV, DataConfig, Params
 from pipeline.console import log, progress
-from pipeline.data import gtsrb
+from pipeline.data import gtsrb, sources
 from pipeline.data.decode import decoded
-from pipeline.data.listing import Listing, SignFile, list_csv, list_folder
+from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
 from pipeline.preprocess import NO_CROP, Crop, Framing, Interpolation
 from pipeline.tracking import stage_run
@@ -76,11 +76,8 @@ def split_by_track(
 def list_source(config: DataConfig) -> Listing:
     """The files of `data.source`: every class has training files, none is only in test (listing.py checks)."""
     root = raw_root(config)
-    if config.source == "gtsrb":
-        log(f"prepare: reading GTSRB from {root}")
-        return gtsrb.listing(root, config.download)
     log(f"prepare: reading {config.source} data from {root}")
-    return list_folder(root) if config.source == "folder" else list_csv(root)
+    return sources.lister(config.source)(root, config.download)
 
 
 def drop_duplicates(

@@ -96,13 +96,16 @@ def test_answers_name_no_server_and_keep_the_date(guarded: Server) -> None:
     assert answer.headers["date"].endswith(" GMT")
 
 
-def _load_until_refused(url: str, body: bytes, outcomes: Counter[str], stop: threading.Event) -> None:
+def _load_until_refused(
+    url: str, body: bytes, outcomes: Counter[str], stop: threading.Event, connected: threading.Event
+) -> None:
     """One pooled keep-alive client sending requests back to back, as a load balancer or an SDK does."""
     with httpx.Client(base_url=url, timeout=30) as client:
         while not stop.is_set():
             try:
                 answer = client.post("/v1/predict", files={"files": ("sign.png", body, "image/png")})
                 outcomes[str(answer.status_code)] += 1
+                connected.set()
             except httpx.ConnectError:
                 outcomes["refused"] += 1  # never sent: the listener is closed (safe to retry elsewhere)
                 return
@@ -116,11 +119,17 @@ def sigterm_under_load(server: Server, delay_s: float, clients: int = 8) -> tupl
     body = png(np.ascontiguousarray(server.test_images[0]))
     outcomes: Counter[str] = Counter()
     stop = threading.Event()
+    connected = [threading.Event() for _ in range(clients)]
     threads = [
-        threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop)) for _ in range(clients)
+        threading.Thread(target=_load_until_refused, args=(server.url, body, outcomes, stop, done))
+        for done in connected
     ]
     for t in threads:
         t.start()
+    # Every client's connection accepted and answered once: a connection still in the kernel's listen queue when
+    # the listener closes is reset by the kernel, before any server sees it (what preStop's wait is for).
+    for done in connected:
+        assert done.wait(timeout=60), "a client got no first answer in 60 s"
     time.sleep(delay_s)
     server.process.send_signal(signal.SIGTERM)
     code = server.process.wait(timeout=30)
