@@ -84,8 +84,11 @@ platform-down: env
 platform-image: env
 	$(UV) run --frozen pipeline platform image --dir $(PLATFORM_DIR)
 
+# Two workers (pytest-xdist): the slow tests mostly wait on subprocesses, servers, builds; tests/conftest.py
+# keeps each file on one worker and the Docker engine's files together. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: lint
-	$(UV) run --frozen pytest $(PYTEST_ARGS)
+	$(UV) run --frozen pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: env
 	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)

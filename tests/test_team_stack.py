@@ -24,7 +24,7 @@ import yaml
 from pipeline.config import parse_params
 from tests.helpers.project import GIT_IDENTITY, make_project, run, tiny_pipeline_params
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # the sweep: two whole runs, beside the other worker
 EXPERIMENTS = {"lr-low": "0.002", "lr-high": "0.006"}
 PROMOTED = "lr-high"  # the one `pipeline promote` makes champion after the sweep
 DVC = [sys.executable, "-m", "dvc"]
@@ -77,7 +77,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     for name, lr in EXPERIMENTS.items():
         run([*DVC, "exp", "run", "--queue", "card", "-n", name, "-S", f"train.lr={lr}"], work, env)
     run([*DVC, "queue", "start"], work, env)
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + 1800
     while True:
         status = run([*DVC, "queue", "status"], work, env)
         if "Queued" not in status and "Running" not in status:

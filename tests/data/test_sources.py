@@ -68,7 +68,7 @@ def test_a_new_data_source_is_one_file_and_one_line_through_prepare(tmp_path: Pa
     shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "params"], cwd=work, env=env, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-2000:]
-    assert "recipe: photos" in shown.stdout and "model_name: handwriting" in shown.stdout, shown.stdout[:3000]
+    assert "recipe = 'photos'" in shown.stdout and "name = 'handwriting'" in shown.stdout, shown.stdout[:3000]
     done = subprocess.run([sys.executable, "-m", "pipeline.cli", "prepare"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

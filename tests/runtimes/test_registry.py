@@ -104,14 +104,17 @@ def test_a_new_backend_is_one_file_and_one_line_through_optimize_benchmark_and_s
     choice = json.loads((work / "models" / "serving.json").read_text())
     assert choice["backend"] == "onnxruntime-basic"
 
+    from pipeline.config import load_params
+
+    name = load_params(REPO / "params.yaml").serve.model_name  # what start_server's project serves as
     server = start_server(work / "models", tmp_path, {"variant": "auto"}, env=env)
     try:
-        metadata = httpx.get(f"{server.url}/v2/models/{params['serve']['model_name']}").json()
-        assert metadata["platform"] == "onnxruntime-basic"
+        metadata = httpx.get(f"{server.url}/v2/models/{name}").json()
+        assert metadata["platform"] == "onnxruntime-basic", metadata
         size = manifest["input"]["shape"][-1]
         body = {"inputs": [{"name": "images", "shape": [1, 3, size, size], "datatype": "FP32",
                             "data": np.zeros(3 * size * size).tolist()}]}  # fmt: skip
-        answer = httpx.post(f"{server.url}/v2/models/{params['serve']['model_name']}/infer", json=body)
+        answer = httpx.post(f"{server.url}/v2/models/{name}/infer", json=body)
         assert answer.status_code == 200, answer.text
     finally:
         server.stop()
