@@ -47,29 +47,12 @@ from pipeline.serve.protocol import (
     tensor_images,
     top_classes,
 )
+from pipeline.serve.routes import RouteContext, errors_doc, routers
 
 OUTPUT_NAMES = ("probabilities", "class_id")
 # Requests with at most this many image pixels in all are decoded on the event loop (about 0.2 ms);
 # larger ones in a worker thread.
 INLINE_DECODE_PIXELS = 256 * 256
-
-
-def _errors(*codes: int, **described: str) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the error answers a route gives: every one is JSON {"error": "..."}; `described`
-    (e.g. e404="...") overrides the usual description of a code."""
-    what = {
-        400: "bad input (undecodable image, wrong shape, dtype or count, a box outside the image)",
-        404: "unknown model name",
-        408: "request headers or body not received in time",
-        413: "body, image or request pixels over the limits",
-        415: "unsupported content type or image format",
-        422: "request does not match the schema",
-        431: "request headers too large",
-        503: "queue full or shutting down (Retry-After)",
-        504: "inference took longer than serve.request_timeout_s",
-    } | {int(k[1:]): v for k, v in described.items()}
-    schema = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
-    return {code: {"description": what[code], "content": {"application/json": {"schema": schema}}} for code in codes}
 
 
 CLIENT_ERRORS = (400, 408, 413, 415, 422, 431, 503, 504)
@@ -555,7 +538,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         return {"name": f"{config.model_name}-server", "version": model.version, "extensions": ["binary_tensor_data"]}
 
     @app.get(
-        "/v2/models/{name}", tags=["v2"], responses=_errors(404, e404="no model card describes the served variant")
+        "/v2/models/{name}", tags=["v2"], responses=errors_doc(404, e404="no model card describes the served variant")
     )
     async def model_metadata(name: str) -> dict[str, Any]:
         check_model(name)
@@ -608,7 +591,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
     }
 
     @app.post(
-        "/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema, responses=_errors(404, *CLIENT_ERRORS)
+        "/v2/models/{name}/infer", tags=["v2"], openapi_extra=infer_schema, responses=errors_doc(404, *CLIENT_ERRORS)
     )
     async def infer(name: str, request: Request) -> Response:
         return await infer_response(name, None, request)
@@ -665,12 +648,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         return {n: values[n] for n in wanted}
 
     # The same three for an explicit version: this server's only one (model_version in every answer).
-    @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], responses=_errors(404))
+    @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], responses=errors_doc(404))
     async def version_metadata(name: str, version: str) -> dict[str, Any]:
         check_model(name, version)
         return await model_metadata(name)
 
-    @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], responses=_errors(404))
+    @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], responses=errors_doc(404))
     async def version_ready(name: str, version: str) -> JSONResponse:
         check_model(name, version)
         return await model_ready(name)
@@ -679,7 +662,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         "/v2/models/{name}/versions/{version}/infer",
         tags=["v2"],
         openapi_extra=infer_schema,
-        responses=_errors(404, *CLIENT_ERRORS),
+        responses=errors_doc(404, *CLIENT_ERRORS),
     )
     async def version_infer(name: str, version: str, request: Request) -> Response:
         return await infer_response(name, version, request)
@@ -705,7 +688,7 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         tags=["v1"],
         openapi_extra=predict_schema,
         response_model=dict[str, Any],
-        responses=_errors(*CLIENT_ERRORS),
+        responses=errors_doc(*CLIENT_ERRORS),
     )
     async def predict(request: Request) -> Response:
         quick = await predict_answer(request.headers.get("content-type", ""), await request.body())
@@ -755,32 +738,13 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         predictions = [{"top_k": best} for best in top_classes(probabilities, model.classes, top_k)]
         return predict_prefix + json_bytes(predictions) + b"}", JSON_TYPE, []
 
-    @app.get(
-        "/v1/model-card",
-        tags=["v1"],
-        response_class=Response,
-        responses=_errors(404, e404="no model card describes the served variant"),
-    )
-    async def model_card() -> Response:
-        """The served model's card (Markdown): intended use, data, per-class accuracy, failure modes, speed."""
-        if model.card is None:
-            raise HTTPException(404, "no model card describes the served variant: run `pipeline card` before serving")
-        return Response(model.card, media_type="text/markdown; charset=utf-8")
+    async def classify(files: list[bytes], top_k: int) -> list[list[dict[str, Any]]]:
+        images, sizes = await decode([(data, None) for data in files])
+        return top_classes(await run_model(images, sizes, files), model.classes, top_k)
 
-    @app.get(
-        "/v1/drift-reference",
-        tags=["v1"],
-        response_model=dict[str, Any],
-        responses=_errors(404, e404="no drift reference was counted on the served variant"),
-    )
-    async def drift_reference_route() -> Response:
-        """What the served variant saw and answered on the original test files, in the buckets of /metrics'
-        drift signals (pipeline/drift.py): what `pipeline monitor --drift` compares live traffic with."""
-        if model.drift_reference is None:
-            raise HTTPException(
-                404, "no drift reference was counted on the served variant: run `pipeline evaluate` before serving"
-            )
-        return Response(json_bytes(model.drift_reference.model_dump(mode="json")), media_type="application/json")
+    # ---- the routes of pipeline/serve/routes (the model card, the drift reference, yours) ---------------
+    for router in routers(RouteContext(config, model, classify)):
+        app.include_router(router)
 
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:
