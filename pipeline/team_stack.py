@@ -361,7 +361,7 @@ def build_image(tag: str = PLATFORM_IMAGE, base_image: str = "local/python:3.11-
     import tempfile
 
     from pipeline.ship import context as ctx
-    from pipeline.ship import engine as docker_engine
+    from pipeline.ship import docker_engine
 
     engine = docker_engine.find_engine()
     arch = engine.native_platform.split("/")[1]

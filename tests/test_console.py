@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeline import console
-from pipeline.ship.engine import build_progress, stream
+from pipeline.ship.docker_engine import build_progress, stream
 from tests.helpers import REPO
 
 STEPS_SCRIPT = """

@@ -34,7 +34,7 @@ from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
 from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file, runtimes_for
-from pipeline.served import served_test_input
+from pipeline.served_input import served_test_input
 
 
 def load_images(split: str, image_size: int) -> ModelInput:

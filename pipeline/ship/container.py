@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pipeline.console import log
 from pipeline.errors import StageError
-from pipeline.ship import engine as eng
+from pipeline.ship import docker_engine as eng
 
 CONTAINER_PORT = 8000
 

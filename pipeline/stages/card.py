@@ -27,10 +27,10 @@ from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
 from pipeline.artifacts.variants import ModelManifest
 from pipeline.artifacts.variants import read_manifest as read_model_manifest
+from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
-from pipeline.metrics import compute_metrics
 from pipeline.tracking import stage_run
 
 EXAMPLES_PER_CONFUSION = 3

@@ -24,7 +24,7 @@ from pipeline.config import ContainerizeConfig, Params
 from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.ship import context as ctx
-from pipeline.ship import engine as eng
+from pipeline.ship import docker_engine as eng
 
 REPORT_DIR = REPORTS_DIR / "containerize"
 REPO_ROOT = ctx.REPO_ROOT

@@ -29,7 +29,7 @@ from pipeline.console import Steps, log
 from pipeline.errors import StageError
 from pipeline.ports import ensure_free
 from pipeline.ship import container
-from pipeline.ship import engine as eng
+from pipeline.ship import docker_engine as eng
 
 REPORT_DIR = REPORTS_DIR / "deploy"
 

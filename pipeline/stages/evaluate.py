@@ -34,11 +34,11 @@ from pipeline.artifacts import gate as gate_file
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, read_manifest, read_test_files
+from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.memory_budget import Budget
-from pipeline.metrics import compute_metrics
-from pipeline.served import served_test_input
+from pipeline.served_input import served_test_input
 from pipeline.tracking import stage_run
 
 EVAL_REPORTS = REPORTS_DIR / "evaluate"

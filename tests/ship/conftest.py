@@ -40,7 +40,7 @@ def chdir(path: Path) -> Iterator[None]:
 
 
 def engine_or_skip() -> Any:
-    from pipeline.ship.engine import NoEngine, find_engine
+    from pipeline.ship.docker_engine import NoEngine, find_engine
 
     try:
         return find_engine()

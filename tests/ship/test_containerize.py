@@ -14,7 +14,7 @@ import pytest
 from pipeline.config import ConfigError, parse_params
 from pipeline.errors import StageError
 from pipeline.ship import context as ctx
-from pipeline.ship.engine import NoEngine, find_engine
+from pipeline.ship.docker_engine import NoEngine, find_engine
 from tests.helpers import REPO
 from tests.ship.conftest import TEST_IMAGE, Image, docker
 

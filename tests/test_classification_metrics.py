@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.metrics import compute_metrics
+from pipeline.classification_metrics import compute_metrics
 
 
 def test_metrics_by_hand() -> None:
