@@ -88,7 +88,7 @@ platform-image: env
 # keeps each file on one worker and the Docker engine's files together. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: lint
-	$(UV) run --frozen pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(UV) run --frozen pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: env
 	$(UV) run --frozen pytest -m "not slow" $(PYTEST_ARGS)

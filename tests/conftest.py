@@ -11,18 +11,28 @@ from pipeline.config import parse_params
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
 
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a file stays on one worker (its module
-# fixtures are built once), the files that drive the Docker engine share one worker (image tags, the registry), and
-# the longest files start first so that neither worker waits alone at the end.
+# `make test` runs the suite on two pytest-xdist workers: a file stays on one worker (its module fixtures are built
+# once), the files that drive the Docker engine share one worker (image tags, the registry), and the longest files
+# start first so that neither worker waits alone at the end.
 ENGINE_FILES = ("tests/ship/", "tests/test_dvc.py")
 LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip
-
-
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers' subprocesses share the cores: OpenMP threads that spin while waiting would take them from the other.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Whole files to a worker, the Docker engine's files as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "docker-engine" if path.startswith(ENGINE_FILES) else path
+
+    return ByFile(config, log)
 
 
 def _file_of(item: pytest.Item) -> str:
@@ -35,10 +45,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: within a file, the file's own order
-    for item in items:
-        path = _file_of(item)
-        group = "docker-engine" if path.startswith(ENGINE_FILES) else path
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
