@@ -145,7 +145,7 @@ DATA: list[tuple[str, str, str]] = [
     ),
     ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
     ("params.yaml", " | gtsrb (GTSRB test files under data.root / $GTSRB_ROOT, whole)", ""),
-    ("pipeline/config.py", '"csv"] = "gtsrb"', '"csv"] = "{data_source}"'),
+    ("pipeline/config.py", '    source: str = "gtsrb"', '    source: str = "{data_source}"'),
     ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
     ("pipeline/config.py", "download: bool = True", "download: bool = False"),
     (

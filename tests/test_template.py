@@ -36,6 +36,7 @@ DEMO_FILES: dict[str, list[str]] = {
     "package: its reader, the code that selects it, and the scripts, workflow steps and marker that feed it": [
         "pipeline/data/gtsrb.py",
         "pipeline/data/__init__.py",
+        "pipeline/data/sources.py",
         "pipeline/data/listing.py",
         "pipeline/config.py",
         "params.yaml",
