@@ -41,7 +41,7 @@ TABLE_LINE = '    "jsonl": DataSource("pipeline.data.jsonl:list_jsonl", root_is_
 def test_the_table_names_each_source_and_an_unknown_one_is_refused() -> None:
     assert {"folder", "csv"} <= set(DATA_SOURCES) and "jsonl" not in DATA_SOURCES
     assert callable(lister("folder"))
-    with pytest.raises(ConfigError, match="unknown data source 'jsonl'; choose one of .*folder, csv"):
+    with pytest.raises(ConfigError, match=r"unknown data source 'jsonl'; choose one of .*folder, csv"):
         parse_params({"data": {"source": "jsonl"}})
 
 
