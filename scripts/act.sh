@@ -51,8 +51,10 @@ extra=()
 [ -n "${GTSRB_ROOT:-}" ] && extra+=(--var "GTSRB_ROOT=$GTSRB_ROOT")
 
 started=$(date +%s)
+# A job writes its bytecode as a GitHub runner does (where PYTHONDONTWRITEBYTECODE is set here, `make env` in every
+# job would byte-compile its whole environment first).
 set +e
-"$act" "${ACT_EVENT:-workflow_dispatch}" -W "$file" \
+env -u PYTHONDONTWRITEBYTECODE "$act" "${ACT_EVENT:-workflow_dispatch}" -W "$file" \
   -P ubuntu-latest=-self-hosted -P ubuntu-24.04-arm=-self-hosted \
   --concurrent-jobs "${ACT_CONCURRENT_JOBS:-1}" --no-cache-server --action-offline-mode \
   --env "ACT_ARTIFACT_DIR=$artifacts" \
