@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts.prepared import SplitReader
+from pipeline.machine import own_peak_rss_mib
 
 FORMATS = ("npy", "litdata", "mds", "webdataset")
 NEEDS = {"litdata": "litdata", "mds": "streaming", "webdataset": "webdataset"}
@@ -154,16 +155,8 @@ def read_epoch(fmt: str, prepared: Path, rows: int, where: Path) -> dict[str, fl
     return {
         "first_batch_s": first[0] - started,
         "images_per_s": (len(expected) - first[1]) / (ended - first[0]),
-        "peak_rss_mib": _own_peak_mib(),
+        "peak_rss_mib": own_peak_rss_mib(),
     }
-
-
-def _own_peak_mib() -> float:
-    """This process's peak RSS since its exec (VmHWM; wait4's ru_maxrss would include the parent's at fork)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _measure(fmt: str, args: argparse.Namespace, where: Path) -> dict[str, float]:

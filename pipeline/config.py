@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.data.sources import DATA_SOURCES
+from pipeline.data.sources import DATA_SOURCES, recipe_for
 
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
@@ -704,8 +704,7 @@ def recipe_layer(recipe: str, data_source: str, source: str = "params.yaml") -> 
     """A built-in recipe's keys; a file of yours over the built-in recipe your data would get."""
     layer = _without_nulls(read_recipe(recipe, source))
     if recipe not in recipe_names():
-        known = DATA_SOURCES.get(data_source)
-        layer = _merge(_without_nulls(read_recipe(known.recipe if known else "gtsrb", source)), layer)
+        layer = _merge(_without_nulls(read_recipe(recipe_for(data_source), source)), layer)
     return layer
 
 
@@ -717,8 +716,7 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
     if not isinstance(recipe, str):
         raise ConfigError(f"{source}: recipe: expected a recipe name or a YAML file, got {recipe!r}")
     if recipe == "auto":
-        known = DATA_SOURCES.get(data_source)
-        recipe = known.recipe if known else "gtsrb"
+        recipe = recipe_for(data_source)
     merged = _merge(recipe_layer(recipe, data_source, source), _without_nulls(raw))
     merged["recipe"] = recipe
     return merged

@@ -19,6 +19,15 @@ INTERESTING_FLAGS = (
 )  # fmt: skip
 
 
+def own_peak_rss_mib() -> float:
+    """This process's peak RSS since its exec (VmHWM; getrusage's ru_maxrss keeps the forking parent's); nan off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return float("nan")
+
+
 def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a container's `--cpus`, a
     Kubernetes CPU limit) rounded up. os.cpu_count() sees the whole node, and a runtime sizing its thread pool

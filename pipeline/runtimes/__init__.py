@@ -7,7 +7,7 @@ and onnxruntime; the torch backends import torch when they are opened.
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from pathlib import Path
 
 from pipeline.artifacts.variants import ModelManifest, Variant, read_manifest
@@ -45,8 +45,7 @@ def runtimes_for(fmt: str, first: str | None = None) -> list[str]:
 
 
 def _opener(backend: str) -> Opener:
-    module, function = RUNTIME_BACKENDS[backend].opener.split(":")
-    return getattr(importlib.import_module(module), function)
+    return pkgutil.resolve_name(RUNTIME_BACKENDS[backend].opener)
 
 
 def open_file(

@@ -102,17 +102,6 @@ def plan(manifest: Any, facts: dict[str, Any], config: BenchmarkConfig) -> tuple
     return setups, skipped
 
 
-def _own_peak_kib() -> float:
-    """This worker's peak RSS since its exec (VmHWM): getrusage's ru_maxrss keeps the stage process's from the fork."""
-    try:
-        with open("/proc/self/status") as status:
-            return float(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
-    except (OSError, StopIteration):
-        import resource
-
-        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-
-
 def _worker_env(setup: Setup) -> dict[str, str]:
     env = dict(os.environ)
     if setup.threads:
@@ -260,7 +249,9 @@ def measure(setup: Setup, config: BenchmarkConfig, throughput_only: bool = False
     chunk = config.batch_sizes[0]  # the timed batch size: a fixed 256 held gigabytes at 224 px
     predicted = np.concatenate([runtime.predict(batch).argmax(axis=1) for batch in test.batches(chunk)])
     metrics["accuracy"] = float((predicted == labels).mean())  # reported; the choice reads `predicted` only
-    metrics["peak_memory_mb"] = _own_peak_kib() / 1024.0
+    from pipeline.machine import own_peak_rss_mib
+
+    metrics["peak_memory_mb"] = own_peak_rss_mib()
     return {**metrics, "predicted": predicted.tolist()}
 
 

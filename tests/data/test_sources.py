@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pipeline.config import ConfigError, parse_params
 from pipeline.data.sources import DATA_SOURCES, lister
 from tests.helpers import REPO
 from tests.helpers.digits import write_digits_folder
+from tests.helpers.package_copy import package_with
 
 TOY_SOURCE = '''
 """data.source jsonl: a file of {"path": ..., "label": ...} lines, paths relative to it."""
@@ -47,13 +47,8 @@ def test_the_table_names_each_source_and_an_unknown_one_is_refused() -> None:
 
 @pytest.mark.slow
 def test_a_new_data_source_is_one_file_and_one_line_through_prepare(tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    shutil.copytree(REPO / "pipeline", code / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    (code / "pipeline" / "data" / "jsonl.py").write_text(TOY_SOURCE)
-    table = code / "pipeline" / "data" / "sources.py"
-    lines = table.read_text().splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if line.startswith('    "csv": DataSource('))
-    table.write_text("".join([*lines[: at + 1], TABLE_LINE, *lines[at + 1 :]]))  # the one line
+    code = package_with(tmp_path / "code", "data/jsonl.py", TOY_SOURCE, "data/sources.py", '    "csv": DataSource(',
+                        TABLE_LINE)  # fmt: skip
 
     digits = write_digits_folder(tmp_path / "digits")
     records = [{"path": str(p.relative_to(digits)), "label": p.parent.name} for p in sorted(digits.rglob("*.png"))]

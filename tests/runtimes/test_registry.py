@@ -19,6 +19,7 @@ import yaml
 from pipeline.errors import StageError
 from pipeline.runtimes import RUNTIME_BACKENDS, runtimes_for
 from tests.helpers import REPO
+from tests.helpers.package_copy import package_with
 from tests.helpers.server import start_server
 
 TOY_BACKEND = '''
@@ -74,13 +75,8 @@ def test_an_unknown_backend_is_refused_naming_the_table(tiny_project: Path) -> N
 def test_a_new_backend_is_one_file_and_one_line_through_optimize_benchmark_and_serve(
     tiny_project: Path, tmp_path: Path
 ) -> None:
-    code = tmp_path / "code"
-    shutil.copytree(REPO / "pipeline", code / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    (code / "pipeline" / "runtimes" / "onnx_basic.py").write_text(TOY_BACKEND)
-    table = code / "pipeline" / "runtimes" / "__init__.py"
-    lines = table.read_text().splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if line.startswith("    ONNXRUNTIME: Backend("))
-    table.write_text("".join([*lines[: at + 1], TABLE_LINE, *lines[at + 1 :]]))  # the one line
+    code = package_with(tmp_path / "code", "runtimes/onnx_basic.py", TOY_BACKEND, "runtimes/__init__.py",
+                        "    ONNXRUNTIME: Backend(", TABLE_LINE)  # fmt: skip
 
     work = tmp_path / "project"
     shutil.copytree(tiny_project, work, symlinks=True)

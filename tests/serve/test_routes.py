@@ -4,14 +4,13 @@ and metrics apply to it as to every route."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
 import numpy as np
 
 from pipeline.serve.routes import ROUTES
-from tests.helpers import REPO
+from tests.helpers.package_copy import package_with
 from tests.helpers.server import start_server
 
 TOY_ROUTE = '''
@@ -46,13 +45,8 @@ def test_the_table_serves_the_card_and_the_drift_reference() -> None:
 def test_a_new_route_is_one_file_and_one_line(models_dir: Path, tmp_path: Path) -> None:
     from pipeline.client import encode
 
-    code = tmp_path / "code"
-    shutil.copytree(REPO / "pipeline", code / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    (code / "pipeline" / "serve" / "routes" / "top1.py").write_text(TOY_ROUTE)
-    table = code / "pipeline" / "serve" / "routes" / "__init__.py"
-    lines = table.read_text().splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if line.startswith('    "drift-reference":'))
-    table.write_text("".join([*lines[: at + 1], TABLE_LINE, *lines[at + 1 :]]))  # the one line
+    code = package_with(tmp_path / "code", "serve/routes/top1.py", TOY_ROUTE, "serve/routes/__init__.py",
+                        '    "drift-reference":', TABLE_LINE)  # fmt: skip
 
     server = start_server(models_dir, tmp_path, {"max_body_bytes": 64 * 1024}, env={"PYTHONPATH": str(code)})
     try:

@@ -10,7 +10,7 @@ docs/extending.md has the checklist. The inference routes themselves (/v1/predic
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,11 +44,7 @@ class Route(Protocol):
 
 def routers(ctx: RouteContext) -> list[APIRouter]:
     """Every router of the table, in its order."""
-    found = []
-    for target in ROUTES.values():
-        module, function = target.split(":")
-        found.append(getattr(importlib.import_module(module), function)(ctx))
-    return found
+    return [pkgutil.resolve_name(target)(ctx) for target in ROUTES.values()]
 
 
 def errors_doc(*codes: int, **described: str) -> dict[int | str, dict[str, Any]]:
