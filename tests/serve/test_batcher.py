@@ -111,10 +111,9 @@ def test_a_request_past_its_timeout_fails_alone_and_is_not_computed() -> None:
         batcher = await _with_batcher(model, max_batch_size=1, max_delay_s=0.0)
         slow = asyncio.ensure_future(batcher.infer(_batches(1)[0]))
         await asyncio.sleep(0.05)  # the worker is computing it
-        started = time.perf_counter()
         with pytest.raises(TimeoutError):
             await batcher.infer(np.full((1, 4), 7, dtype=np.float32), timeout_s=0.05)
-        assert time.perf_counter() - started < 0.25
+        assert not slow.done()  # it timed out on its own clock, not when the slow batch let go
         assert (await slow).shape == (1, 3)
         answer = await batcher.infer(np.full((1, 4), 2, dtype=np.float32), timeout_s=5.0)
         assert answer.tolist() == (np.full((1, 4), 2, dtype=np.float32) @ model.weights).tolist()

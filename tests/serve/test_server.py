@@ -692,24 +692,33 @@ def test_drift_signals_count_answered_images_and_the_reference_route_says_when_t
 
 
 def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:
-    """Shape validation comes before any arithmetic: a body of huge dimensions is refused at once, and
-    health checks running meanwhile are answered within 100 ms."""
-    shape = ", ".join(["18446744073709551616"] * 20_000)  # 2**64, 20,000 times: ~400 KB of digits
-    body = ('{"inputs": [{"name": "x", "datatype": "FP32", "data": [0], "shape": [' + shape + "]}]}").encode()
-    slowest = 0.0
-    with httpx.Client(base_url=server.url, timeout=30) as client, ThreadPoolExecutor(max_workers=1) as pool:
+    """Shape validation comes before any arithmetic: a body of huge dimensions is refused as fast as a body of the
+    same size whose dimensions are all 1 (timed side by side, best of five each), and health checks running
+    meanwhile are all answered."""
+    huge = ", ".join(["18446744073709551616"] * 20_000)  # 2**64, 20,000 times: ~400 KB of digits
+    ones = ", ".join(["1" + " " * 19] * 20_000)  # the same bytes, nothing to multiply
+    assert len(huge) == len(ones)
+
+    def body(shape: str) -> bytes:
+        return ('{"inputs": [{"name": "x", "datatype": "FP32", "data": [0], "shape": [' + shape + "]}]}").encode()
+
+    def refused_in(client: httpx.Client, content: bytes) -> float:
         started = time.perf_counter()
-        pending = pool.submit(
-            client.post, "/v2/models/gtsrb/infer", content=body, headers={"content-type": "application/json"}
-        )
-        while not pending.done():
-            probe = time.perf_counter()
+        reply = client.post("/v2/models/gtsrb/infer", content=content, headers={"content-type": "application/json"})
+        assert reply.status_code in (400, 413), reply.text
+        return time.perf_counter() - started
+
+    with httpx.Client(base_url=server.url, timeout=30) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(refused_in, client, body(huge))
+        while not pending.done():  # the loop keeps answering while the huge body is handled
             assert httpx.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
-            slowest = max(slowest, time.perf_counter() - probe)
-        reply = pending.result()
-    assert reply.status_code in (400, 413), reply.text
-    assert time.perf_counter() - started < 5
-    assert slowest < 0.1, f"a health check waited {slowest * 1000:.0f} ms"
+        pending.result()
+        timings = {"huge": [], "ones": []}
+        for _ in range(5):
+            timings["huge"].append(refused_in(client, body(huge)))
+            timings["ones"].append(refused_in(client, body(ones)))
+    fastest = {name: min(seconds) for name, seconds in timings.items()}
+    assert fastest["huge"] < 3 * fastest["ones"], fastest
 
 
 def _peak_rss_mb(pid: int) -> float:
