@@ -10,6 +10,7 @@ import pytest
 from pipeline.config import parse_params
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.once import built_once
 
 # `make test` runs the suite on two pytest-xdist workers: a file stays on one worker (its module fixtures are built
 # once), the files that drive the Docker engine share one worker (image tags, the registry), and the longest files
@@ -79,85 +80,95 @@ def real_gtsrb_root() -> Path:
 def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder after the real prepare -> train (6 epochs, batch 64) on the real sample ($GTSRB_ROOT), made
     once for the tests that need a model of real images (copy it: `shutil.copytree(..., symlinks=True)`)."""
-    import contextlib
-
-    import yaml
-
-    from pipeline.stages import prepare, train
-
     value = os.environ.get("GTSRB_ROOT")
     if not value or not (Path(value) / "gtsrb" / "GTSRB" / "Training").is_dir():
         pytest.skip("no real GTSRB configured: set GTSRB_ROOT to a copy in torchvision's layout")
-    work = tmp_path_factory.mktemp("real-sample") / "project"
-    work.mkdir()
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["data"].update({"source": "gtsrb", "root": str(Path(value).resolve()), "download": False})
-    raw["train"].update({"epochs": 6, "batch_size": 64, "checkpoint_every": 0})
-    raw["tracking"] = {"enabled": False}
-    (work / "params.yaml").write_text(yaml.safe_dump(raw))
-    with contextlib.chdir(work):
-        prepare.run(parse_params(raw))
-        train.run(parse_params(raw))
-    return work
+
+    def build(base: Path) -> None:
+        import contextlib
+
+        import yaml
+
+        from pipeline.stages import prepare, train
+
+        work = base / "project"
+        work.mkdir()
+        raw = yaml.safe_load((REPO / "params.yaml").read_text())
+        raw["data"].update({"source": "gtsrb", "root": str(Path(value).resolve()), "download": False})
+        raw["train"].update({"epochs": 6, "batch_size": 64, "checkpoint_every": 0})
+        raw["tracking"] = {"enabled": False}
+        (work / "params.yaml").write_text(yaml.safe_dump(raw))
+        with contextlib.chdir(work):
+            prepare.run(parse_params(raw))
+            train.run(parse_params(raw))
+
+    return built_once(tmp_path_factory, "real-sample-trained", build) / "project"
 
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
-    data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume."""
-    import contextlib
+    data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume. Shared by
+    the workers: read it, or copy it."""
 
-    import yaml
+    def build(base: Path) -> None:
+        import contextlib
 
-    from pipeline.stages import optimize, prepare, train
+        import yaml
 
-    base = tmp_path_factory.mktemp("tiny-project")
-    raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
-    work = base / "project"
-    work.mkdir()
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["data"].update({"source": "gtsrb", "root": str(raw), "download": False})
-    params.setdefault("model", {}).update({"name": "signnet", "width": 8})
-    params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
-    params.setdefault("optimize", {}).update(
-        {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 0.05}
-    )
-    params["evaluate"]["min_accuracy"] = 0.0  # a tiny model: the gate is tested elsewhere
-    params["tracking"] = {"enabled": False}
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    parsed = parse_params(params)
-    with contextlib.chdir(work):
-        old = os.environ.pop("GTSRB_ROOT", None)
-        try:
-            prepare.run(parsed)
-            train.run(parsed)
-            optimize.run(parsed)
-        finally:
-            if old is not None:
-                os.environ["GTSRB_ROOT"] = old
-    return work
+        from pipeline.stages import optimize, prepare, train
+
+        raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
+        work = base / "project"
+        work.mkdir()
+        params = yaml.safe_load((REPO / "params.yaml").read_text())
+        params["data"].update({"source": "gtsrb", "root": str(raw), "download": False})
+        params.setdefault("model", {}).update({"name": "signnet", "width": 8})
+        params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
+        params.setdefault("optimize", {}).update(
+            {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 0.05}
+        )
+        params["evaluate"]["min_accuracy"] = 0.0  # a tiny model: the gate is tested elsewhere
+        params["tracking"] = {"enabled": False}
+        (work / "params.yaml").write_text(yaml.safe_dump(params))
+        parsed = parse_params(params)
+        with contextlib.chdir(work):
+            old = os.environ.pop("GTSRB_ROOT", None)
+            try:
+                prepare.run(parsed)
+                train.run(parsed)
+                optimize.run(parsed)
+            finally:
+                if old is not None:
+                    os.environ["GTSRB_ROOT"] = old
+
+    return built_once(tmp_path_factory, "tiny-project", build) / "project"
 
 
 @pytest.fixture(scope="session")
 def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny_project after the real benchmark stage, briefly timed (models/serving.json, reports/benchmark/), the
-    evaluate stage on the variant it chose (reports/evaluate/) and the card stage (reports/model_card.md)."""
-    import contextlib
-    import shutil
+    evaluate stage on the variant it chose (reports/evaluate/) and the card stage (reports/model_card.md). Shared
+    by the workers: read it, or copy it."""
 
-    import yaml
+    def build(base: Path) -> None:
+        import contextlib
+        import shutil
 
-    from pipeline.stages import benchmark, card, evaluate
+        import yaml
 
-    work = tmp_path_factory.mktemp("benchmarked") / "project"
-    shutil.copytree(tiny_project, work, symlinks=True)
-    raw = yaml.safe_load((work / "params.yaml").read_text())
-    raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
-                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05,
-                        "headline_rounds": 2}  # fmt: skip
-    (work / "params.yaml").write_text(yaml.safe_dump(raw))
-    with contextlib.chdir(work):
-        benchmark.run(parse_params(raw))
-        evaluate.run(parse_params(raw))
-        card.run(parse_params(raw))
-    return work
+        from pipeline.stages import benchmark, card, evaluate
+
+        work = base / "project"
+        shutil.copytree(tiny_project, work, symlinks=True)
+        raw = yaml.safe_load((work / "params.yaml").read_text())
+        raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                            "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05,
+                            "headline_rounds": 2}  # fmt: skip
+        (work / "params.yaml").write_text(yaml.safe_dump(raw))
+        with contextlib.chdir(work):
+            benchmark.run(parse_params(raw))
+            evaluate.run(parse_params(raw))
+            card.run(parse_params(raw))
+
+    return built_once(tmp_path_factory, "benchmarked-project", build) / "project"

@@ -70,31 +70,53 @@ def _check_classes(classes: list[str], where: Path) -> None:
         raise StageError(f"{where}: {len(classes)} classes; at most {MAX_CLASSES} are supported")
 
 
+def _class_dirs(base: Path, root: Path, ignored: list[tuple[str, str]]) -> dict[str, Path]:
+    """The class folders in `base` by name; anything else there noted in `ignored` with why."""
+    found, real_root = {}, root.resolve()
+    for d in sorted(base.iterdir()):
+        if d.name.startswith("."):
+            continue
+        if not _inside(d, real_root):
+            ignored.append((str(d.relative_to(root)), "leads outside the data folder"))
+        elif d.is_dir():
+            found[d.name] = d
+        else:
+            ignored.append((str(d.relative_to(root)), "not in a class folder"))
+    return found
+
+
+def _image_files(
+    dirs: dict[str, Path], index: dict[str, int], root: Path, ignored: list[tuple[str, str]]
+) -> list[SignFile]:
+    """The image files under each class folder, labelled by `index`, in class order; others noted in `ignored`."""
+    files, real_root = [], root.resolve()
+    for name in index:
+        if name not in dirs:
+            continue
+        for path in sorted(p for p in dirs[name].rglob("*") if not p.is_dir()):
+            rel = str(path.relative_to(root))
+            if any(part.startswith(".") for part in path.relative_to(dirs[name]).parts):
+                continue  # .DS_Store, editor files: not data
+            if not _inside(path, real_root):
+                ignored.append((rel, "leads outside the data folder"))
+            elif path.suffix.lower() not in IMAGE_SUFFIXES:
+                ignored.append((rel, f"not an image file ({path.suffix or 'no extension'})"))
+            else:
+                files.append(SignFile(path, index[name], None, -1))
+    return files
+
+
 def list_folder(root: Path, download: bool = False) -> Listing:
     """ROOT/<class>/<images> (then no test split), or ROOT/train/<class>/ + ROOT/test/<class>/ (your data: nothing to
     download)."""
     root = Path(root)
     if not root.is_dir():
         raise StageError(f"data.root {root} is not a folder (data.source: folder wants ROOT/<class>/<images>)")
-    real_root = root.resolve()
     split_layout = (root / "train").is_dir() and (root / "test").is_dir()
     ignored: list[tuple[str, str]] = []
 
-    def class_dirs(base: Path) -> dict[str, Path]:
-        found = {}
-        for d in sorted(base.iterdir()):
-            if d.name.startswith("."):
-                continue
-            if not _inside(d, real_root):
-                ignored.append((str(d.relative_to(root)), "leads outside the data folder"))
-            elif d.is_dir():
-                found[d.name] = d
-            else:
-                ignored.append((str(d.relative_to(root)), "not in a class folder"))
-        return found
-
-    train_dirs = class_dirs(root / "train" if split_layout else root)
-    test_dirs = class_dirs(root / "test") if split_layout else {}
+    train_dirs = _class_dirs(root / "train" if split_layout else root, root, ignored)
+    test_dirs = _class_dirs(root / "test", root, ignored) if split_layout else {}
     only_test = sorted(set(test_dirs) - set(train_dirs))
     if only_test:
         raise StageError(
@@ -104,28 +126,17 @@ def list_folder(root: Path, download: bool = False) -> Listing:
     _check_classes(classes, root)
     index = {name: i for i, name in enumerate(classes)}
 
-    def files_of(dirs: dict[str, Path]) -> list[SignFile]:
-        files = []
-        for name in classes:
-            if name not in dirs:
-                continue
-            for path in sorted(p for p in dirs[name].rglob("*") if not p.is_dir()):
-                rel = str(path.relative_to(root))
-                if any(part.startswith(".") for part in path.relative_to(dirs[name]).parts):
-                    continue  # .DS_Store, editor files: not data
-                if not _inside(path, real_root):
-                    ignored.append((rel, "leads outside the data folder"))
-                elif path.suffix.lower() not in IMAGE_SUFFIXES:
-                    ignored.append((rel, f"not an image file ({path.suffix or 'no extension'})"))
-                else:
-                    files.append(SignFile(path, index[name], None, -1))
-        return files
-
-    train = files_of(train_dirs)
+    train = _image_files(train_dirs, index, root, ignored)
     empty = [name for name in classes if not any(f.label == index[name] for f in train)]
     if empty:
         raise StageError(f"{root}: class folders without images: {', '.join(empty)}")
-    return Listing(root.name or str(root), classes, train, files_of(test_dirs) if split_layout else None, ignored)
+    return Listing(
+        root.name or str(root),
+        classes,
+        train,
+        _image_files(test_dirs, index, root, ignored) if split_layout else None,
+        ignored,
+    )
 
 
 def _parse_box(text: str, row: int, csv_path: Path) -> Box | None:

@@ -140,60 +140,75 @@ def tensor_images(
         raise BadRequest(
             f"input {tensor.name!r}: shape must be at most 4 integers in 0..{MAX_DIMENSION}, got {shape[:8]}"
         )
-    count = math.prod(shape)
     raw, _ = _binary_slice(tensor, binary, 0)
     if tensor.datatype in PIXEL_TYPES:
-        # FP32: pixels / 255, as the model takes them; UINT8: the pixels themselves (a quarter of the bytes).
-        kind = tensor.datatype
-        if len(shape) != 4 or shape[1:] != [3, image_size, image_size]:
-            raise BadRequest(
-                f"input {tensor.name!r}: {kind} shape must be [N, 3, {image_size}, {image_size}], got {shape}"
-            )
-        if not 1 <= shape[0] <= max_images:
-            raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
-        dtype, width = PIXEL_TYPES[kind]
-        if raw is not None:
-            if len(raw) != count * width:
-                raise BadRequest(f"input {tensor.name!r}: {len(raw)} bytes for {count} {kind} values")
-            array = np.frombuffer(raw, dtype=dtype)
-        else:
-            if tensor.data is None:
-                raise BadRequest(f"input {tensor.name!r}: no data")
-            try:
-                # FP32 straight to float32 (the hot path); UINT8 via float64 so that 255.5 or 1e300 are seen
-                parse_as = np.float32 if kind == "FP32" else np.float64
-                values: np.ndarray = np.asarray(tensor.data, dtype=parse_as).reshape(-1)
-            except (TypeError, ValueError, OverflowError):  # OverflowError: an integer literal beyond float range
-                raise BadRequest(f"input {tensor.name!r}: data must be numbers within {kind} range") from None
-            if values.size != count:
-                raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} values, got {values.size}")
-            if kind == "UINT8":
-                whole = bool(np.isfinite(values).all()) and not bool(np.any(np.mod(values, 1.0)))
-                if not whole or (values.size and (values.min() < 0 or values.max() > 255)):
-                    raise BadRequest(f"input {tensor.name!r}: UINT8 values must be integers 0..255")
-                values = values.astype(np.uint8)
-            array = values
-        if kind == "UINT8":
-            return [(array.astype(np.float32) * np.float32(1 / 255)).reshape(shape)]
-        if raw is not None:
-            array = array.astype(np.float32)  # frombuffer's view is read-only: a writable copy, as before
-        if not np.isfinite(array).all():
-            raise BadRequest(f"input {tensor.name!r}: values must be finite")
-        return [array.reshape(shape)]
+        return [_pixel_batch(tensor, raw, image_size, max_images)]
     if tensor.datatype == "BYTES":
-        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-            raise BadRequest(f"input {tensor.name!r}: BYTES shape must be [N] or [N, 1], got {shape}")
-        if not 1 <= shape[0] <= max_images:
-            raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
-        if raw is not None:
-            return _split_bytes_elements(raw, count, tensor.name)
-        if tensor.data is None:
-            raise BadRequest(f"input {tensor.name!r}: no data")
-        flat = np.asarray(tensor.data, dtype=object).reshape(-1).tolist()
-        if len(flat) != count:
-            raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} elements, got {len(flat)}")
-        return [_b64(item, f"input {tensor.name!r}") for item in flat]
+        return _encoded_images(tensor, raw, max_images)
     raise BadRequest(f"input {tensor.name!r}: datatype must be FP32, UINT8 or BYTES, got {tensor.datatype!r}")
+
+
+def _pixel_batch(tensor: TensorInput, raw: bytes | None, image_size: int, max_images: int) -> np.ndarray:
+    """FP32: pixels / 255, as the model takes them; UINT8: the pixels themselves (a quarter of the bytes)."""
+    kind, shape = tensor.datatype, tensor.shape
+    if len(shape) != 4 or shape[1:] != [3, image_size, image_size]:
+        raise BadRequest(f"input {tensor.name!r}: {kind} shape must be [N, 3, {image_size}, {image_size}], got {shape}")
+    if not 1 <= shape[0] <= max_images:
+        raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
+    count = math.prod(shape)
+    dtype, width = PIXEL_TYPES[kind]
+    if raw is not None:
+        if len(raw) != count * width:
+            raise BadRequest(f"input {tensor.name!r}: {len(raw)} bytes for {count} {kind} values")
+        array = np.frombuffer(raw, dtype=dtype)
+    else:
+        array = _json_pixels(tensor, count)
+    if kind == "UINT8":
+        return (array.astype(np.float32) * np.float32(1 / 255)).reshape(shape)
+    if raw is not None:
+        array = array.astype(np.float32)  # frombuffer's view is read-only: a writable copy, as before
+    if not np.isfinite(array).all():
+        raise BadRequest(f"input {tensor.name!r}: values must be finite")
+    return array.reshape(shape)
+
+
+def _json_pixels(tensor: TensorInput, count: int) -> np.ndarray:
+    """An FP32 or UINT8 tensor's JSON `data`, checked: `count` numbers, UINT8 ones whole and in 0..255."""
+    kind = tensor.datatype
+    if tensor.data is None:
+        raise BadRequest(f"input {tensor.name!r}: no data")
+    try:
+        # FP32 straight to float32 (the hot path); UINT8 via float64 so that 255.5 or 1e300 are seen
+        parse_as = np.float32 if kind == "FP32" else np.float64
+        values: np.ndarray = np.asarray(tensor.data, dtype=parse_as).reshape(-1)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer literal beyond float range
+        raise BadRequest(f"input {tensor.name!r}: data must be numbers within {kind} range") from None
+    if values.size != count:
+        raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} needs {count} values, got {values.size}")
+    if kind != "UINT8":
+        return values
+    whole = bool(np.isfinite(values).all()) and not bool(np.any(np.mod(values, 1.0)))
+    if not whole or (values.size and (values.min() < 0 or values.max() > 255)):
+        raise BadRequest(f"input {tensor.name!r}: UINT8 values must be integers 0..255")
+    return values.astype(np.uint8)
+
+
+def _encoded_images(tensor: TensorInput, raw: bytes | None, max_images: int) -> list[bytes]:
+    """A BYTES tensor [N] or [N, 1] of encoded image files: length-prefixed binary data or base64 in JSON."""
+    shape = tensor.shape
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise BadRequest(f"input {tensor.name!r}: BYTES shape must be [N] or [N, 1], got {shape}")
+    if not 1 <= shape[0] <= max_images:
+        raise BadRequest(f"input {tensor.name!r}: batch must be 1..{max_images}, got {shape[0]}")
+    count = math.prod(shape)
+    if raw is not None:
+        return _split_bytes_elements(raw, count, tensor.name)
+    if tensor.data is None:
+        raise BadRequest(f"input {tensor.name!r}: no data")
+    flat = np.asarray(tensor.data, dtype=object).reshape(-1).tolist()
+    if len(flat) != count:
+        raise BadRequest(f"input {tensor.name!r}: shape {shape} needs {count} elements, got {len(flat)}")
+    return [_b64(item, f"input {tensor.name!r}") for item in flat]
 
 
 def peek_images(images: list[tuple[bytes, Box | None]], max_pixels: int) -> list[tuple[Image.Image, Box | None]]:

@@ -23,8 +23,8 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import image as image_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
-from pipeline.client import encode, infer_files, predict_files, smoke_test
-from pipeline.config import Params
+from pipeline.client import SmokeResult, encode, infer_files, predict_files, smoke_test
+from pipeline.config import DeployConfig, Params
 from pipeline.console import Steps, log
 from pipeline.errors import StageError
 from pipeline.ports import ensure_free
@@ -92,51 +92,17 @@ def skipped(reason: str) -> None:
 def run(params: Params) -> None:
     config = params.deploy
     image = image_file.read()
-    if image.skipped:
-        if config.skip_without_engine:
-            skipped(f"containerize was skipped: {image.reason}")
-            return
-        raise StageError(f"containerize built no image ({image.reason or 'skipped'}): nothing to deploy")
-    try:
-        engine = eng.find_engine("deploy.skip_without_engine")
-    except eng.NoEngine as exc:
-        if config.skip_without_engine:
-            skipped(str(exc))
-            return
-        raise
+    engine = _engine_or_skip(config, image)
+    if engine is None:
+        return
     images, labels = load_test_split(config.smoke_images)
-    evaluated = predictions_file.read()
-    if len(evaluated.labels) < len(images) or evaluated.labels[: len(images)] != labels.tolist():
-        raise StageError(
-            f"{predictions_file.PREDICTIONS_PATH} is not for these test images ({len(evaluated.labels)} "
-            f"predictions); run `pipeline evaluate` first"
-        )
-    if (evaluated.variant, evaluated.model_version) != (image.variant, image.model_version):
-        raise StageError(
-            f"evaluate measured {evaluated.variant} ({evaluated.model_version}) but the image ships {image.variant} "
-            f"({image.model_version}): rerun `pipeline evaluate` (dvc repro does)"
-        )
-    reference = evaluated.first(len(images))
-
+    reference = _evaluate_of(image, labels.tolist(), len(images))
     report: dict[str, Any] = {"skipped": False, "target": config.target, "image_id": image.id, "tag": image.tag}
     ref = image.id
     if not eng.image_exists(engine, ref):
         raise StageError(f"image {image.tag} ({ref[7:19]}) is not on this engine: rerun `pipeline containerize`")
     if config.target == "registry":
-        if not container.registry_answers(config.registry):
-            raise StageError(
-                f"registry {config.registry} does not answer; for a local one run `docker/registry-up.sh "
-                f"{config.registry}`, for GHCR/Docker Hub log in with `docker login` and set deploy.registry"
-            )
-        repository = image.image.rsplit("/", 1)[-1]
-        remote = f"{config.registry}/{repository}:{image.tag.rsplit(':', 1)[-1]}"
-        log(f"deploy: pushing {remote} ...")
-        by_digest = container.push(engine, ref, remote)
-        eng.docker(engine, ["rmi", remote], check=False, timeout_s=60)
-        pull_seconds = container.pull(engine, by_digest)
-        report |= {"pushed": remote, "pulled": by_digest, "pull_seconds": round(pull_seconds, 2)}
-        ref = by_digest
-        log(f"deploy: pulled back {by_digest}")
+        ref = _through_registry(engine, config, image, report)
 
     log(f"deploy: starting {ref} as container {config.container_name} ...")
     ensure_free("127.0.0.1", config.host_port, "deploy.host_port")
@@ -156,14 +122,12 @@ def run(params: Params) -> None:
         stop_seconds, exit_code = container.stop(engine, running.name)
         container.remove(engine, running.name)
         report |= {"stop_seconds": round(stop_seconds, 2), "exit_code": exit_code}
-    variant = image.variant
-    expected = reference.accuracy
     expected_source = f"evaluate ({predictions_file.PREDICTIONS_PATH})"
     tensor_differing = mismatches(result.predictions, reference.predicted)
     report |= {
         "images": result.images,
         "accuracy": result.accuracy,
-        "expected_accuracy": expected,
+        "expected_accuracy": reference.accuracy,
         "expected_from": expected_source,
         "evaluate_accuracy": reference.accuracy,
         "agreement_with_evaluate": 1 - len(tensor_differing) / max(1, result.images),
@@ -171,21 +135,86 @@ def run(params: Params) -> None:
         "png_agree_with_tensor": result.png_agree,
         "smoke_seconds": round(result.seconds, 2),
         "served_model": result.model,
-        "variant": variant,
+        "variant": image.variant,
     }
-    served_expected = None
     differing: dict[str, list[int]] = {"fp32_tensor": tensor_differing}
     if originals:
         if reference.served_predicted:
-            served_expected = reference.served_accuracy
             # Lossless paths must give evaluate's answer for every file; JPEG is re-encoded, so only reported.
             for kind in ("oip_bytes", "png"):
                 differing[kind] = mismatches(originals["predicted"][kind], reference.served_predicted)
         report |= {
             "original_files": {k: v for k, v in originals.items() if k != "predicted"},
-            "expected_served_accuracy": served_expected,
+            "expected_served_accuracy": reference.served_accuracy if reference.served_predicted else None,
         }
     report["per_image_mismatches"] = differing
+    _write_reports(report, originals)
+    log(
+        f"deploy: accuracy through the API {result.accuracy:.4f} on {result.images} images "
+        f"(expected {reference.accuracy:.4f} from {expected_source}; PNG path agrees on "
+        f"{result.png_agree}/{result.png_checked})"
+        + (
+            f"; stopped in {report['stop_seconds']:.1f} s"
+            if "stop_seconds" in report
+            else f"; running at {running.url}"
+        )
+    )
+    _gate(config, image.variant, result, report, originals, differing)
+
+
+def _engine_or_skip(config: DeployConfig, image: image_file.ImageRecord) -> eng.Engine | None:
+    """The engine to deploy on; None when the stage is skipped (no image or no engine, deploy.skip_without_engine)."""
+    if image.skipped:
+        if config.skip_without_engine:
+            skipped(f"containerize was skipped: {image.reason}")
+            return None
+        raise StageError(f"containerize built no image ({image.reason or 'skipped'}): nothing to deploy")
+    try:
+        return eng.find_engine("deploy.skip_without_engine")
+    except eng.NoEngine as exc:
+        if config.skip_without_engine:
+            skipped(str(exc))
+            return None
+        raise
+
+
+def _evaluate_of(image: image_file.ImageRecord, labels: list[int], count: int) -> predictions_file.Predictions:
+    """evaluate's predictions for the first `count` test images, checked to be of the image's variant and version."""
+    evaluated = predictions_file.read()
+    if len(evaluated.labels) < count or evaluated.labels[:count] != labels:
+        raise StageError(
+            f"{predictions_file.PREDICTIONS_PATH} is not for these test images ({len(evaluated.labels)} "
+            f"predictions); run `pipeline evaluate` first"
+        )
+    if (evaluated.variant, evaluated.model_version) != (image.variant, image.model_version):
+        raise StageError(
+            f"evaluate measured {evaluated.variant} ({evaluated.model_version}) but the image ships {image.variant} "
+            f"({image.model_version}): rerun `pipeline evaluate` (dvc repro does)"
+        )
+    return evaluated.first(count)
+
+
+def _through_registry(
+    engine: eng.Engine, config: DeployConfig, image: image_file.ImageRecord, report: dict[str, Any]
+) -> str:
+    """Push the image to deploy.registry, drop the local tag, pull it back: the digest to start."""
+    if not container.registry_answers(config.registry):
+        raise StageError(
+            f"registry {config.registry} does not answer; for a local one run `docker/registry-up.sh "
+            f"{config.registry}`, for GHCR/Docker Hub log in with `docker login` and set deploy.registry"
+        )
+    repository = image.image.rsplit("/", 1)[-1]
+    remote = f"{config.registry}/{repository}:{image.tag.rsplit(':', 1)[-1]}"
+    log(f"deploy: pushing {remote} ...")
+    by_digest = container.push(engine, image.id, remote)
+    eng.docker(engine, ["rmi", remote], check=False, timeout_s=60)
+    pull_seconds = container.pull(engine, by_digest)
+    report |= {"pushed": remote, "pulled": by_digest, "pull_seconds": round(pull_seconds, 2)}
+    log(f"deploy: pulled back {by_digest}")
+    return by_digest
+
+
+def _write_reports(report: dict[str, Any], originals: dict[str, Any] | None) -> None:
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics: dict[str, Any] = {k: report[k] for k in ("accuracy", "evaluate_accuracy", "ready_seconds") if k in report}
@@ -198,25 +227,30 @@ def run(params: Params) -> None:
     if "stop_seconds" in report:
         metrics["stop_seconds"] = report["stop_seconds"]
     (REPORT_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    log(
-        f"deploy: accuracy through the API {result.accuracy:.4f} on {result.images} images "
-        f"(expected {expected:.4f} from {expected_source}; PNG path agrees on {result.png_agree}/{result.png_checked})"
-        + (
-            f"; stopped in {report['stop_seconds']:.1f} s"
-            if "stop_seconds" in report
-            else f"; running at {running.url}"
-        )
-    )
-    if abs(result.accuracy - expected) > config.accuracy_tolerance + 1e-12:
+
+
+def _gate(
+    config: DeployConfig,
+    variant: str,
+    result: SmokeResult,
+    report: dict[str, Any],
+    originals: dict[str, Any] | None,
+    differing: dict[str, list[int]],
+) -> None:
+    """The deployed container answers as evaluate measured: the accuracy within deploy.accuracy_tolerance, and
+    with no tolerance the same class for every image, on every lossless path."""
+    expected, source, tolerance = report["expected_accuracy"], report["expected_from"], config.accuracy_tolerance
+    if abs(result.accuracy - expected) > tolerance + 1e-12:
         raise StageError(
             f"smoke test failed: accuracy through the API {result.accuracy:.4f} differs from {expected:.4f} "
-            f"({expected_source}) by more than deploy.accuracy_tolerance {config.accuracy_tolerance}"
+            f"({source}) by more than deploy.accuracy_tolerance {tolerance}"
         )
+    served_expected = report.get("expected_served_accuracy")
     for kind in ("oip_bytes", "png"):
         if (
             originals
             and served_expected is not None
-            and abs(originals[f"{kind}_accuracy"] - served_expected) > config.accuracy_tolerance + 1e-12
+            and abs(originals[f"{kind}_accuracy"] - served_expected) > (tolerance + 1e-12)
         ):
             raise StageError(
                 f"smoke test failed: the original test files ({kind}, whole) score "
@@ -224,7 +258,7 @@ def run(params: Params) -> None:
                 f"measurement of {variant} (same files, same decode)"
             )
     for kind, wrong in differing.items():
-        if wrong and not config.accuracy_tolerance:
+        if wrong and not tolerance:
             raise StageError(
                 f"smoke test failed: through the API ({kind}) {len(wrong)} test images get another class than "
                 f"evaluate recorded for {variant} (first: index {wrong[0]})"

@@ -22,7 +22,9 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -217,24 +219,13 @@ def worker(
         "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
     }
     if resume is not None:
-        ckpt.load(resume.folder, model, optim)
-        loader.load_state_dict(resume.state["loader"])
-        trainer = {k: resume.state.get(k, v) for k, v in trainer.items()}
-        if d.main:
-            console.log(f"resumed from {resume.folder} (epoch {loader.epoch + 1}, step {resume.state['step']})")
+        trainer = _resumed(resume, model, optim, loader, trainer, d.main)
 
     spe = loader.steps_per_epoch
     total = t.epochs * spe
 
-    def lr_at(s: int) -> float:
-        return one_cycle_lr(s, total, t.lr, t.warmup_fraction)
-
-    # Logit adjustment (Menon et al., 2021): training on logits + tau * log(class prior) makes the plain
-    # logits at inference estimate a class-balanced posterior, so rare classes are not out-voted.
-    prior_shift = None
-    if t.logit_adjustment > 0:
-        counts = torch.bincount(loader.split.labels, minlength=len(manifest.classes)).clamp_(min=1).float()
-        prior_shift = (t.logit_adjustment * torch.log(counts / counts.sum())).to(d.device)
+    lr_at = partial(one_cycle_lr, total=total, peak=t.lr, warmup_fraction=t.warmup_fraction)
+    prior_shift = _prior_shift(t.logit_adjustment, loader.split.labels, len(manifest.classes), d.device)
     engine = Engine(
         model,
         optim,
@@ -248,28 +239,12 @@ def worker(
     )
 
     step = loader.epoch * spe + loader.step_in_epoch
-    kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        kill_after = 0  # a test's kill fires once: torchrun's restarted workers run on
+    kill_after = _kill_after_step()
     last_saved = step if resume is not None else -1
-    clock = {"start": time.perf_counter(), "saving": 0.0}  # this session's epoch: training time only
-
-    def training_seconds() -> float:
-        return time.perf_counter() - clock["start"] - clock["saving"]
-
-    def state_now() -> dict[str, Any]:
-        return {
-            "step": step,
-            "loader": loader.state_dict(),
-            "fingerprint": fingerprint(params, manifest),
-            "world_size": world,
-            "strategy": t.strategy if world > 1 else "single",
-            **trainer,
-            "train_seconds": trainer["train_seconds"] + training_seconds(),
-        }
+    clock = _EpochClock()
 
     for entry in trainer["history"] if d.main else []:  # a resumed run's MLflow run gets the whole curve
-        log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, int(entry["epoch"]))
+        _log_epoch(log, entry)
 
     # Early stopping (validation held out): the best epoch's weights, kept in memory (a resumed run keeps the best
     # since it resumed); val accuracy is the same on every rank, so every rank stops together.
@@ -281,7 +256,7 @@ def worker(
         epoch = loader.epoch
         remaining = spe - loader.step_in_epoch
         session_samples = 0
-        clock.update(start=time.perf_counter(), saving=0.0)
+        clock.restart()
         batches = iter(loader)
         if d.main:
             batches = console.progress(batches, remaining, f"epoch {epoch + 1}/{t.epochs}")
@@ -293,16 +268,21 @@ def worker(
             trainer["epoch_samples"] += len(batch.labels)
             session_samples += len(batch.labels)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
-                saving_from = time.perf_counter()
-                distributed.buffers_from_rank0(model, t.strategy, d)
-                ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
+                with clock.paused():  # saving is not training time
+                    distributed.buffers_from_rank0(model, t.strategy, d)
+                    ckpt.save(
+                        run_checkpoints(params, manifest),
+                        step,
+                        model,
+                        optim,
+                        _checkpoint_state(params, manifest, world, step, loader, trainer, clock.seconds()),
+                        d,
+                        t.keep_checkpoints,
+                    )
                 last_saved = step
-                clock["saving"] += time.perf_counter() - saving_from  # saving is not training time
-            if kill_after and step == kill_after:
-                if os.environ.get(KILL_NODE_ENV) == "1":
-                    os.kill(os.getppid(), signal.SIGKILL)
-                os.kill(os.getpid(), signal.SIGKILL)
-        elapsed = training_seconds()
+            if step == kill_after:
+                _kill_for_the_test()
+        elapsed = clock.seconds()
         trainer["train_seconds"] += elapsed
 
         loss_tensor = torch.tensor(
@@ -331,20 +311,10 @@ def worker(
                 f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {_figure(val_acc)}, "
                 f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
             )
-            log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, epoch + 1)
-        if patience and val_acc is not None:
-            if val_acc > best["accuracy"]:
-                best.update(accuracy=val_acc, state=ckpt.full_state_dict(model), epoch=epoch + 1, stale=0)
-            else:
-                best["stale"] += 1
-            if best["stale"] >= patience:
-                if d.main:
-                    console.log(
-                        f"early stopping after epoch {epoch + 1}: no better validation accuracy for {patience} "
-                        f"epoch(s); keeping epoch {best['epoch']}'s weights ({best['accuracy']:.4f})"
-                    )
-                trainer["stopped_early"] = True
-                break
+            _log_epoch(log, entry)
+        if patience and val_acc is not None and _stale_for(patience, best, val_acc, model, epoch + 1, d.main):
+            trainer["stopped_early"] = True
+            break
 
     if nets.is_backbone(params.model.name) and best["state"] is None:
         # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
@@ -353,7 +323,15 @@ def worker(
         recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
     if last_saved != step:
         distributed.buffers_from_rank0(model, t.strategy, d)
-        ckpt.save(run_checkpoints(params, manifest), step, model, optim, state_now(), d, t.keep_checkpoints)
+        ckpt.save(
+            run_checkpoints(params, manifest),
+            step,
+            model,
+            optim,
+            _checkpoint_state(params, manifest, world, step, loader, trainer, clock.seconds()),
+            d,
+            t.keep_checkpoints,
+        )
     full = best["state"] if best["state"] is not None else ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}
     if d.main:
@@ -361,27 +339,130 @@ def worker(
         model_file.write(
             model_file.MODEL_PATH, model_arch(params, manifest, weights), mean, std, manifest.classes, full
         )
-        history = trainer["history"]
-        summary = {
-            "val_accuracy": history[-1]["val_accuracy"] if history else None,  # None: validation was trained on
-            "validation": "trained on" if t.train_on_val else "held out",
-            "train_images": len(train_split),
-            "train_loss": history[-1]["train_loss"] if history else float("nan"),
-            "epochs": t.epochs,
-            "steps": step,
-            "train_seconds": trainer["train_seconds"],
-            "images_per_s": (step * t.batch_size) / max(trainer["train_seconds"], 1e-9),
-            "parameters": nets.count_parameters(model),
-            "world_size": world,
-            "device": str(d.device),
-            "history": history,
-            **(
-                {"best_epoch": best["epoch"], "best_val_accuracy": best["accuracy"]}
-                if best["state"] is not None
-                else {}
-            ),
-        }
+        summary = _summary(params, trainer, best, step, len(train_split), nets.count_parameters(model), world, d)
     d.barrier()
+    return summary
+
+
+class _EpochClock:
+    """This session's part of the epoch, in training seconds: checkpoint saves are not counted."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.saving = time.perf_counter(), 0.0
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start - self.saving
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.saving += time.perf_counter() - began
+
+
+def _checkpoint_state(
+    params: Params, manifest: PreparedManifest, world: int, step: int, loader: TrainLoader,
+    trainer: dict[str, Any], session_seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    """What a checkpoint records beside the weights: where training is, and what it was trained with."""
+    return {
+        "step": step,
+        "loader": loader.state_dict(),
+        "fingerprint": fingerprint(params, manifest),
+        "world_size": world,
+        "strategy": params.train.strategy if world > 1 else "single",
+        **trainer,
+        "train_seconds": trainer["train_seconds"] + session_seconds,
+    }
+
+
+def _resumed(
+    resume: ckpt.Resume, model: nn.Module, optim: torch.optim.Optimizer, loader: TrainLoader,
+    trainer: dict[str, Any], main: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The checkpoint's weights, optimizer and loader position loaded; its trainer state returned."""
+    ckpt.load(resume.folder, model, optim)
+    loader.load_state_dict(resume.state["loader"])
+    if main:
+        console.log(f"resumed from {resume.folder} (epoch {loader.epoch + 1}, step {resume.state['step']})")
+    return {k: resume.state.get(k, v) for k, v in trainer.items()}
+
+
+def _log_epoch(log: Callable[[Mapping[str, float], int], None], entry: dict[str, Any]) -> None:
+    log({k: v for k, v in entry.items() if k != "epoch" and v is not None}, int(entry["epoch"]))
+
+
+def _prior_shift(tau: float, labels: torch.Tensor, classes: int, device: torch.device) -> torch.Tensor | None:
+    """Logit adjustment (Menon et al., 2021): training on logits + tau * log(class prior) makes the plain logits at
+    inference estimate a class-balanced posterior, so rare classes are not out-voted. None when tau is 0."""
+    if tau <= 0:
+        return None
+    counts = torch.bincount(labels, minlength=classes).clamp_(min=1).float()
+    return (tau * torch.log(counts / counts.sum())).to(device)
+
+
+def _kill_after_step() -> int:
+    """The step after which a test kills this worker (KILL_AFTER_STEP_ENV); -1: never."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return -1  # a test's kill fires once: torchrun's restarted workers run on
+    return int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0) or -1
+
+
+def _kill_for_the_test() -> None:
+    if os.environ.get(KILL_NODE_ENV) == "1":
+        os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stale_for(patience: int, best: dict[str, Any], val_acc: float, model: nn.Module, epoch: int, main: bool) -> bool:
+    """Early stopping: keep the best epoch's weights in `best`; True once `patience` epochs brought no better one."""
+    if val_acc > best["accuracy"]:
+        best.update(accuracy=val_acc, state=ckpt.full_state_dict(model), epoch=epoch, stale=0)
+    else:
+        best["stale"] += 1
+    if best["stale"] < patience:
+        return False
+    if main:
+        console.log(
+            f"early stopping after epoch {epoch}: no better validation accuracy for {patience} "
+            f"epoch(s); keeping epoch {best['epoch']}'s weights ({best['accuracy']:.4f})"
+        )
+    return True
+
+
+def _summary(
+    params: Params,
+    trainer: dict[str, Any],
+    best: dict[str, Any],
+    step: int,
+    train_images: int,
+    parameters: int,
+    world: int,
+    d: distributed.Dist,
+) -> dict[str, Any]:
+    """What rank 0 returns: the figures train.json and MLflow report."""
+    t, history = params.train, trainer["history"]
+    summary = {
+        "val_accuracy": history[-1]["val_accuracy"] if history else None,  # None: validation was trained on
+        "validation": "trained on" if t.train_on_val else "held out",
+        "train_images": train_images,
+        "train_loss": history[-1]["train_loss"] if history else float("nan"),
+        "epochs": t.epochs,
+        "steps": step,
+        "train_seconds": trainer["train_seconds"],
+        "images_per_s": (step * t.batch_size) / max(trainer["train_seconds"], 1e-9),
+        "parameters": parameters,
+        "world_size": world,
+        "device": str(d.device),
+        "history": history,
+    }
+    if best["state"] is not None:
+        summary |= {"best_epoch": best["epoch"], "best_val_accuracy": best["accuracy"]}
     return summary
 
 

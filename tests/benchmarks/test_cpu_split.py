@@ -5,7 +5,7 @@ import pytest
 from benchmarks import cpu_split
 
 PROFILE = """\
-Runner.run (asyncio/runners.py:118);HotPath.__call__ (pipeline/serve/app.py:330);create_app.<locals>.decode (pipeline/serve/app.py:560);decode_opened (pipeline/serve/protocol.py:230);load (pyspng/__init__.py:40) 42
+Runner.run (asyncio/runners.py:118);HotPath.__call__ (pipeline/serve/app.py:330);Inference.decode (pipeline/serve/app.py:460);decode_opened (pipeline/serve/protocol.py:230);load (pyspng/__init__.py:40) 42
 DynamicBatcher._worker (pipeline/serve/batcher.py:180);ServedModel.probabilities (pipeline/serve/model.py:80);Session.run (onnxruntime/capi/onnxruntime_inference_collection.py:266) 36
 Runner.run (asyncio/runners.py:118);HttpToolsProtocol.data_received (uvicorn/protocols/http/httptools_impl.py:171) 7
 Runner.run (asyncio/runners.py:118);HotPath.__call__ (pipeline/serve/app.py:340) 5
