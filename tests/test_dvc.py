@@ -22,8 +22,9 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return make_project(tmp_path)
 
 
-def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, dict[str, str]]) -> None:
+def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     work, env = project
+    env = use_gtsrb(work, env, write_synthetic_gtsrb(tmp_path / "synthetic"))  # caching, not the data: small images
     dvc = [sys.executable, "-m", "dvc"]
     first = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in first

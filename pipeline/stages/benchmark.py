@@ -133,13 +133,13 @@ def run_setup(setup: Setup, config: BenchmarkConfig, timeout_s: float, throughpu
 SGEMM_SIDE = 2048
 
 
-def measure_sgemm(timeout_s: float) -> dict[str, float]:
+def measure_sgemm(timeout_s: float, seconds: float = 1.0) -> dict[str, float]:
     """The machine's fp32 multiply-add rate (GMAC/s) on a large matrix multiply, all cores, by each library the
     runtimes use (torch.mm: the build's BLAS; ONNX Runtime's MatMul: MLAS), in a fresh interpreter as the setups
     are. The faster is the roofline of the per-variant table: one library alone can understate what the cores do
     (on a 2-core AMD EPYC with AVX-512, MKL's sgemm ran at 102 GMAC/s, MLAS's at 217). Empty when it cannot be
-    measured."""
-    command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm"]
+    measured. `seconds` per library: benchmark.min_seconds, as for the setups."""
+    command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm", str(seconds)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -164,12 +164,12 @@ def _best_rate(call: Any, seconds: float = 1.0, rounds: int = 3) -> float:
     return best
 
 
-def _sgemm_rates() -> dict[str, float]:
+def _sgemm_rates(seconds: float) -> dict[str, float]:
     import torch
 
     n = SGEMM_SIDE
     a, b = torch.rand(n, n), torch.rand(n, n)
-    rates = {"torch.mm": _best_rate(lambda: torch.mm(a, b)) * n**3 / 1e9}
+    rates = {"torch.mm": _best_rate(lambda: torch.mm(a, b), seconds) * n**3 / 1e9}
     try:
         import onnxruntime as ort
         from onnx import TensorProto, helper
@@ -182,7 +182,7 @@ def _sgemm_rates() -> dict[str, float]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = {"a": a.numpy(), "b": b.numpy()}  # torch.rand is float32 already
-    rates["onnxruntime MatMul"] = _best_rate(lambda: session.run(None, feed)) * n**3 / 1e9
+    rates["onnxruntime MatMul"] = _best_rate(lambda: session.run(None, feed), seconds) * n**3 / 1e9
     return rates
 
 
@@ -597,7 +597,7 @@ def run(params: Params) -> None:
             steps.finished(setup.label, summary)
         chosen = choose(results, config)
         rounds = headline_rounds(chosen, results, config)
-        sgemm = measure_sgemm(config.timeout_s)
+        sgemm = measure_sgemm(config.timeout_s, config.min_seconds)
         log(f"benchmark: roofline, fp32 sgemm on all cores (GMAC/s): {json.dumps(sgemm) if sgemm else 'not measured'}")
         report: dict[str, Any] = {
             "machine": machine,
@@ -724,7 +724,7 @@ def compare(paths: Sequence[Path], batch: int = 32) -> str:
 
 if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON | --sgemm
     if sys.argv[1] == "--sgemm":
-        print(json.dumps(_sgemm_rates()), flush=True)
+        print(json.dumps(_sgemm_rates(float(sys.argv[2]))), flush=True)
     else:
         worker_setup = Setup(**json.loads(sys.argv[1]))
         worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
