@@ -61,7 +61,7 @@ INPUT_NORMS = ("dataset", "image")
 class Normalize(nn.Module):
     """`dataset`: (x - mean) / std per channel with the training split's statistics (buffers, so they
     travel with the state_dict). `image`: each image standardised by its own mean and std over all pixels
-    and channels (a global contrast normalisation: GTSRB has many very dark or washed-out photos, and this
+    and channels (a global contrast normalisation: road-sign photos are often very dark or washed out, and this
     makes them look alike to the first layer, while keeping colour)."""
 
     mean: torch.Tensor

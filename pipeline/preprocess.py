@@ -19,13 +19,13 @@ try:  # libspng: the server's PNG path 1.22-1.30x faster than with PIL (`python 
 except ImportError:  # pragma: no cover - PIL decodes every PNG as well
     pyspng = None
 
-Box = tuple[int, int, int, int]  # x1, y1, x2, y2 as in GTSRB's CSVs (inclusive corners)
+Box = tuple[int, int, int, int]  # x1, y1, x2, y2, inclusive corners (as annotation CSVs give them)
 Crop = tuple[float, float, float, float]  # fractions of the width / height cut at the left, top, right, bottom
 NO_CROP: Crop = (0.0, 0.0, 0.0, 0.0)
 
 # Big enough for any real photo of a sign, small enough that a hostile header cannot exhaust memory.
 MAX_PIXELS = 4096 * 4096
-# The decoders PIL may use: the formats cameras, browsers and GTSRB (PPM) produce. The others (PSD, EPS,
+# The decoders PIL may use: the formats cameras, browsers and data sets (PPM) produce. The others (PSD, EPS,
 # TGA, FITS, ...) are attack surface nobody needs here.
 ACCEPTED_FORMATS = ("PNG", "JPEG", "PPM", "BMP", "WEBP", "GIF")
 
@@ -153,7 +153,7 @@ class Framing:
     def decode(self, image: Image.Image, box: Box | None = None) -> np.ndarray:
         """An image opened by `peek_image`, decoded, turned upright (EXIF orientation) and framed: uint8 [S, S, 3]
         RGB. prepare, evaluate, predict and the server all come here, so a photo gives the model the same pixels in
-        each, however the camera stored it. A box is in the stored image's pixels (as GTSRB's CSVs give them)."""
+        each, however the camera stored it. A box is in the stored image's pixels (as annotation CSVs give them)."""
         if box is None and self.reduced_jpeg_decode:
             self._reduce_jpeg_decode(image)
         if box is not None:

@@ -53,16 +53,6 @@ DEMO_FILES: dict[str, list[str]] = {
         ".github/workflows/pipeline.yml",
         "pyproject.toml",
     ],
-    "comments on choices measured on the demo data (sign boxes, tracks, contrast, pruning)": [
-        "pipeline/artifacts/model_card.py",
-        "pipeline/artifacts/prepared.py",
-        "pipeline/nets.py",
-        "pipeline/optimize/prune.py",
-        "pipeline/preprocess.py",
-        "pipeline/serve/protocol.py",
-        "pipeline/stages/card.py",
-        "pipeline/stages/evaluate.py",
-    ],
     "the package's own test suite: its data is a synthetic copy of the demo data set (tests/helpers/gtsrb.py), or "
     "the real sample under $GTSRB_ROOT; $GTSRB_REQUIRE_DOCKER and $GTSRB_TEST_BASE_IMAGE are CI's switches": [
         "tests/conftest.py",

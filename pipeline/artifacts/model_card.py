@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts._files import read_model, write_model, write_text_atomic
+from pipeline.artifacts.prepared import DataSubject
 
 CARD_PATH = REPORTS_DIR / "model_card.md"
 FACTS_PATH = REPORTS_DIR / "model_card.json"
@@ -38,6 +39,8 @@ class DataFacts(_Facts):
     unreadable_files: int
     framing: str
     crop: tuple[float, float, float, float]
+    subject: DataSubject | None = None
+    """What the images show, when the data source says (intended use and limits)."""
 
 
 class Confusion(_Facts):
@@ -108,7 +111,7 @@ class ModelCard(_Facts):
     recipe: dict[str, dict[str, object]]
     """The params sections that made the model: model, train, augment, regularize."""
     recipe_name: str = ""
-    """The recipe under params.yaml's keys (`gtsrb`, `photos`, a file of yours)."""
+    """The recipe under params.yaml's keys (a built-in one, or a file of yours)."""
     title: str = ""
     """The API's title (serve.title): the card's heading."""
     gate: dict[str, Any] | None = None
@@ -225,8 +228,8 @@ def render(card: ModelCard) -> str:
         "## Intended use",
         "",
         (
-            f"- Classify a photo of one traffic sign, framed as in {d.dataset}: the sign fills most of the image. "
-            if d.dataset == "GTSRB"
+            f"- Classify a photo of one {d.subject.one}. "
+            if d.subject
             else f"- Classify an image into one of the {card.num_classes} classes of `{d.dataset}`, framed like its "
             "training images. "
         )
@@ -242,8 +245,8 @@ def render(card: ModelCard) -> str:
         "",
         f"- Not for safety-critical decisions: {100 * (1 - e.accuracy):.2f} % of the test images are misclassified"
         + (
-            ", and it has not been tested on other countries' signs, night, rain or video."
-            if d.dataset == "GTSRB"
+            f", and it has not been tested on {d.subject.untested}."
+            if d.subject and d.subject.untested
             else ", and it has only been tested on the held-out images of its own data."
         ),
         f"- It has no reject option: every image, whatever it shows, gets one of the {card.num_classes} classes.",

@@ -111,13 +111,27 @@ class ShardInfo(_Record):
     """Of the shard's pixel bytes (not the .npy header)."""
 
 
+class DataSubject(_Record):
+    """What a data set's images show, in the model card's words: a built-in source says; a folder of yours is
+    described by its classes."""
+
+    one: str
+    """What one image shows (the card: "Classify a photo of one ...")."""
+    groups: str = "groups"
+    """What the groups split off whole for validation are called."""
+    group_is: str = "objects"
+    """What one group is."""
+    untested: str | None = None
+    """Conditions the data does not cover, for the card's limits."""
+
+
 class SplitInfo(_Record):
     file: str
     """The split's folder under data/prepared/."""
     count: int
     per_class: list[int]
     tracks: int | None
-    """Physical signs (GTSRB tracks) in the split; None for the test split."""
+    """Groups (photos of one object, kept together) in the split; None for the test split."""
     shards: list[ShardInfo] = []
 
 
@@ -145,7 +159,7 @@ class PreparedManifest(_Record):
     """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
     framing: Literal["served", "roi"] = "roi"
     """How train and val were made: `served` = whole files less `crop` (what the server is sent), `roi` = the
-    sign's box + roi_margin. The test arrays are always the ROI protocol (how papers report GTSRB); the served
+    sign's box + roi_margin. The test arrays are always the ROI protocol (how papers report the demo data); the served
     test input is test_files/ through `served_framing()`."""
     crop: tuple[float, float, float, float] = NO_CROP
     """What the served input cuts off a whole image (left, top, right, bottom fractions); see preprocess.Framing."""
@@ -155,6 +169,8 @@ class PreparedManifest(_Record):
     """The resize's filter (data.interpolation, `auto` resolved from model.name's pretrained weights)."""
     reduced_jpeg_decode: bool = False
     """Large JPEGs decoded at a fraction of their size (data.reduced_jpeg_decode)."""
+    subject: DataSubject | None = None
+    """What the images show, when the source says (the model card's intended use and limits)."""
 
     def served_framing(self) -> Framing:
         """How the server turns a file into this data's model input (optimize copies it into models/manifest)."""
@@ -304,7 +320,7 @@ class Writer:
             file=split,
             count=len(labels),
             per_class=np.bincount(labels, minlength=num_classes).tolist(),
-            # groups only where the data has them (GTSRB tracks, a CSV's group); files alone count none
+            # groups only where the data has them (the demo's tracks, a CSV's group); files alone count none
             tracks=len(np.unique(tracks)) if split != "test" and (tracks >= 0).any() else None,
             shards=self._shards,
         )

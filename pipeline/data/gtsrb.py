@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from pipeline.artifacts.prepared import DataSubject
 from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
 from pipeline.preprocess import Box
@@ -136,7 +137,21 @@ def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]
 
 def listing(root: Path, download: bool = False) -> Listing:
     """data.source gtsrb: the training and the official test split, 43 classes."""
-    return Listing("GTSRB", list(CLASS_NAMES), list_split(root, "train", download), list_split(root, "test", download))
+    return Listing(
+        "GTSRB",
+        list(CLASS_NAMES),
+        list_split(root, "train", download),
+        list_split(root, "test", download),
+        subject=SUBJECT,
+    )
+
+
+SUBJECT = DataSubject(
+    one="traffic sign, framed as in GTSRB: the sign fills most of the image",
+    groups="tracks",
+    group_is="physical signs",
+    untested="other countries' signs, night, rain or video",
+)
 
 
 def read_test_split(root: Path) -> list[SignFile]:

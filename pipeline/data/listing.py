@@ -19,6 +19,7 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.artifacts.prepared import DataSubject
 from pipeline.errors import StageError
 from pipeline.preprocess import Box
 
@@ -46,6 +47,8 @@ class Listing:
     """None when the source has no test split: prepare holds one out (data.test_fraction)."""
     ignored: list[tuple[str, str]] = field(default_factory=list)
     """(file, why) of files left out before decoding: not an image, hidden, outside the data folder."""
+    subject: DataSubject | None = None
+    """What the images show, when the source knows (the model card's words)."""
 
 
 def class_order(names: set[str]) -> list[str]:

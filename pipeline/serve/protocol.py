@@ -56,7 +56,7 @@ class ImageItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
     data: str = Field(description="base64-encoded image file (PNG, JPEG, PPM, ...)")
     box: tuple[int, int, int, int] | None = Field(
-        None, description="optional sign region x1, y1, x2, y2 (inclusive), as in GTSRB's CSVs"
+        None, description="optional object region x1, y1, x2, y2 (inclusive corners, in the file's pixels)"
     )
 
 

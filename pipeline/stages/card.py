@@ -24,7 +24,7 @@ from pipeline.artifacts import MODELS_DIR, benchmark_report, model_card
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts import serving as serving_file
-from pipeline.artifacts.prepared import PREPARED_DIR, PreparedManifest, read_manifest
+from pipeline.artifacts.prepared import PREPARED_DIR, DataSubject, PreparedManifest, read_manifest
 from pipeline.artifacts.variants import ModelManifest
 from pipeline.artifacts.variants import read_manifest as read_model_manifest
 from pipeline.classification_metrics import compute_metrics
@@ -151,6 +151,7 @@ def build(
             unreadable_files=prepared.bad_images.count,
             framing=prepared.framing,
             crop=prepared.crop,
+            subject=prepared.subject,
         ),
         evaluation=model_card.EvaluationFacts(
             model=f"the shipped variant `{variant.name}`",
@@ -186,8 +187,11 @@ def _validation(prepared: PreparedManifest, trained_on: bool) -> str:
     if val is None:
         return "none"
     if val.tracks:
-        what = "tracks (physical signs" if prepared.dataset == "GTSRB" else "groups (objects"
-        split = f"{val.tracks} {what}, {val.count:,} images) split off whole: no track is in both splits"
+        subject = prepared.subject or DataSubject(one="")
+        split = (
+            f"{val.tracks} {subject.groups} ({subject.group_is}, {val.count:,} images) split off whole: "
+            "no track is in both splits"
+        )
     else:
         split = f"{val.count:,} images split off by file, stratified by class"
     if trained_on:  # train.train_on_val

@@ -4,7 +4,7 @@ It runs after the benchmark and measures what containerize puts into the image (
 the benchmark's choice, models/serving.json), opened by the server's own loader (pipeline.serve.model: the same
 runtime, session options and framing as `pipeline serve`). The headline `accuracy` is on the test split's original
 files, whole, through the server's decode + preprocess; `roi_accuracy` (the ROI protocol, how papers report
-GTSRB) on the prepared crops as the FP32 tensors deploy sends. The trained model (models/model.pt, torch eager) on
+benchmarks with boxes) on the prepared crops as the FP32 tensors deploy sends. The trained model (models/model.pt, torch eager) on
 the same two inputs is reported beside them (`trained_accuracy`, `trained_roi_accuracy`, `trained_errors`): what
 optimisation cost or gained.
 Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class accuracy, the worst classes),
@@ -101,7 +101,7 @@ def headline_metrics(
     labels: np.ndarray, roi: np.ndarray, served: np.ndarray | None, classes: list[str], worst: int
 ) -> dict[str, Any]:
     """The headline (`accuracy`, macro F1, per-class, confusion) on what users send: the whole original files
-    through the server's preprocessing; the ROI-protocol figure (prepared crops, how papers report GTSRB) beside
+    through the server's preprocessing; the ROI-protocol figure (prepared crops, how papers report boxed data) beside
     it. Prepared data without original files (older, or a test's fake) falls back to the crops, and says so."""
     metrics = compute_metrics(labels, roi if served is None else served, classes, worst)
     correct_roi = int((roi == labels).sum())

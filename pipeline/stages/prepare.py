@@ -184,6 +184,7 @@ def build_manifest(
     classes: Sequence[str] = gtsrb.CLASS_NAMES,
     dataset: str = "GTSRB",
     content_sha256: str = "",
+    subject: prepared.DataSubject | None = None,
 ) -> PreparedManifest:
     mean, std = stats["train"].mean_std()
     return PreparedManifest(
@@ -204,6 +205,7 @@ def build_manifest(
         resize_mode=framing.resize,
         interpolation=framing.interpolation,
         reduced_jpeg_decode=framing.reduced_jpeg_decode,
+        subject=subject,
     )
 
 
@@ -338,6 +340,7 @@ def run(params: Params) -> None:
                 listing.classes,
                 listing.dataset,
                 writer.content_sha256,
+                listing.subject,
             )
             writer.finish(manifest, kept["test"])
         manifest = prepared.read_manifest(PREPARED_DIR)
