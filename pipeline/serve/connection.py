@@ -50,6 +50,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._draining = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._between_requests = False  # the parser is past a request's last body byte
         self._await_headers()
 
     def _await_headers(self) -> None:
@@ -67,8 +68,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             _reply_and_close(self.transport, b"408 Request Timeout", "request headers not received in time")
 
     def data_received(self, data: bytes) -> None:
-        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
-            self._await_headers()  # the first byte of the next request on a kept-alive connection
+        # The first byte of the next request on a kept-alive connection: the previous request's body is all in (an
+        # early answer, such as 413 by Content-Length, leaves the rest of that body to arrive, and it is not headers)
+        if self._header_timer is None and self._between_requests and self.cycle.response_complete:
+            self._await_headers()
         awaiting = self._header_timer is not None
         if awaiting:
             self._header_bytes += len(data)
@@ -77,6 +80,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._headers_done()
             if not self.transport.is_closing():
                 _reply_and_close(self.transport, b"431 Request Header Fields Too Large", "request headers too large")
+
+    def on_message_begin(self) -> None:
+        self._between_requests = False
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._between_requests = True
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._headers_done()

@@ -88,6 +88,38 @@ def test_headers_within_the_limits_and_keep_alive_still_work(guarded: Server) ->
             time.sleep(0.4)  # a keep-alive pause shorter than the header deadline: the next request is fine
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP response (headers and a Content-Length body) from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_the_rest_of_a_body_refused_by_its_length_is_not_read_as_headers(guarded: Server) -> None:
+    """A body over serve.max_body_bytes is refused by its Content-Length before it is read (413); the rest of it
+    still arrives after the answer, and belongs to that request: the next request on the same connection is
+    answered, not refused as endless headers (431, connection closed)."""
+    rest = b"x" * (guarded.max_body + 100_000)  # far past max_header_bytes
+    with _connect(guarded) as sock:
+        for _ in range(2):
+            sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % (len(rest) + 1) + b"{")  # fmt: skip
+            assert _read_response(sock).startswith(b"HTTP/1.1 413")
+            sock.sendall(rest)  # the rest of the refused body, after its answer
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = _read_response(sock)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
 def test_answers_name_no_server_and_keep_the_date(guarded: Server) -> None:
     """uvicorn tuned as pipeline/serve/main.py sets it: no Server header (it names our stack), Date kept (RFC 9110)."""
     answer = httpx.get(f"{guarded.url}/v2/health/live", headers={"X-Forwarded-For": "203.0.113.7"})
