@@ -244,7 +244,7 @@ def _inference_route(scope: Scope) -> tuple[str, re.Match[str] | None] | None:
     ), match
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per inference request, and frozen init costs a setattr per field
 class _RequestHeaders:
     """The request headers HotPath reads, in one pass."""
 

@@ -269,16 +269,7 @@ def worker(
             session_samples += len(batch.labels)
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
                 with clock.paused():  # saving is not training time
-                    distributed.buffers_from_rank0(model, t.strategy, d)
-                    ckpt.save(
-                        run_checkpoints(params, manifest),
-                        step,
-                        model,
-                        optim,
-                        _checkpoint_state(params, manifest, world, step, loader, trainer, clock.seconds()),
-                        d,
-                        t.keep_checkpoints,
-                    )
+                    _save_checkpoint(params, manifest, world, step, model, optim, loader, trainer, clock, d)
                 last_saved = step
             if step == kill_after:
                 _kill_for_the_test()
@@ -322,16 +313,7 @@ def worker(
         spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
         recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
     if last_saved != step:
-        distributed.buffers_from_rank0(model, t.strategy, d)
-        ckpt.save(
-            run_checkpoints(params, manifest),
-            step,
-            model,
-            optim,
-            _checkpoint_state(params, manifest, world, step, loader, trainer, clock.seconds()),
-            d,
-            t.keep_checkpoints,
-        )
+        _save_checkpoint(params, manifest, world, step, model, optim, loader, trainer, clock, d)
     full = best["state"] if best["state"] is not None else ckpt.full_state_dict(model)
     summary: dict[str, Any] = {}
     if d.main:
@@ -363,6 +345,17 @@ class _EpochClock:
             yield
         finally:
             self.saving += time.perf_counter() - began
+
+
+def _save_checkpoint(
+    params: Params, manifest: PreparedManifest, world: int, step: int, model: nn.Module,
+    optim: torch.optim.Optimizer, loader: TrainLoader, trainer: dict[str, Any], clock: _EpochClock, d: distributed.Dist,
+) -> None:  # fmt: skip
+    """Rank 0's buffers to every rank, then the weights, optimizer and where training is, sealed."""
+    t = params.train
+    distributed.buffers_from_rank0(model, t.strategy, d)
+    state = _checkpoint_state(params, manifest, world, step, loader, trainer, clock.seconds())
+    ckpt.save(run_checkpoints(params, manifest), step, model, optim, state, d, t.keep_checkpoints)
 
 
 def _checkpoint_state(
