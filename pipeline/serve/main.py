@@ -108,8 +108,11 @@ def serve_one(params: Params, sock: socket.socket | None, worker: int | None = N
             timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             # Connections and requests in flight beyond this get 503 at once instead of piling up in memory.
             limit_concurrency=config.max_connections,
-            # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet.
-            http=GuardedHttpProtocol.configured(config.header_timeout_s, config.max_header_bytes, drain_idle_s=0.5),
+            # Header deadline and size, and a drain that closes idle keep-alive connections only when quiet: a
+            # client starved of CPU between two requests must not meet the close just as it sends the next one.
+            http=GuardedHttpProtocol.configured(
+                config.header_timeout_s, config.max_header_bytes, drain_idle_s=min(2.0, config.drain_timeout_s / 2)
+            ),
             access_log=False,
             # No X-Forwarded-* rewriting (it trusts only 127.0.0.1, so in a cluster it never applied; the access log
             # records the peer address) and no Server header (names our stack to scanners); Date stays (RFC 9110).
