@@ -13,9 +13,9 @@ from tests.helpers.gtsrb import write_synthetic_gtsrb
 from tests.helpers.once import built_once
 
 # `make test` runs the suite on two pytest-xdist workers: a file stays on one worker (its module fixtures are built
-# once), the files that drive the Docker engine share one worker (image tags, the registry), and the longest files
+# once), the tests that drive the Docker engine share one worker (image tags, the registry), and the longest files
 # start first so that neither worker waits alone at the end.
-ENGINE_FILES = ("tests/ship/", "tests/test_dvc.py")
+ENGINE_TESTS = ("tests/ship/", "tests/test_dvc.py::test_your_own_folder_of_images_through_deploy")
 LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip
@@ -25,13 +25,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Whole files to a worker, the Docker engine's files as one."""
+    """Whole files to a worker, the Docker engine's tests as one."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "docker-engine" if path.startswith(ENGINE_FILES) else path
+            return "docker-engine" if nodeid.startswith(ENGINE_TESTS) else nodeid.split("::", 1)[0]
 
     return ByFile(config, log)
 

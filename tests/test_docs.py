@@ -24,8 +24,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO
-from tests.helpers.gtsrb import write_synthetic_gtsrb
-from tests.helpers.project import make_project, run, tiny_pipeline_params, use_gtsrb
+from tests.helpers.project import make_project, run, tiny_pipeline_params
 
 NOTEBOOK = REPO / "docs" / "notebooks" / "tour.ipynb"
 NAV = ("Getting started", "Your own data", "Your own model", "The stages", "Serving", "Scaling out",
@@ -125,7 +124,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     entries, one process each: twice the time here)."""
     base = tmp_path_factory.mktemp("tour")
     work, env = make_project(base)
-    env = use_gtsrb(work, env, write_synthetic_gtsrb(base / "synthetic"))  # small even where CI sets GTSRB_ROOT
     tiny_pipeline_params(work)
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["tracking"]["enabled"] = True

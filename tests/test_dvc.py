@@ -12,7 +12,7 @@ import yaml
 from pipeline.artifacts.prepared import read_split
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
-from tests.helpers.project import make_project, run, tiny_pipeline_params, use_gtsrb
+from tests.helpers.project import make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,6 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     work, env = project
-    env = use_gtsrb(work, env, write_synthetic_gtsrb(tmp_path / "synthetic"))  # caching, not the data: small images
     dvc = [sys.executable, "-m", "dvc"]
     first = run([*dvc, "repro", "prepare"], work, env)
     assert "Running stage 'prepare'" in first
@@ -156,7 +155,6 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
     import time
 
     work, env = project
-    env = use_gtsrb(work, env, write_synthetic_gtsrb(tmp_path / "synthetic"))
     tiny_pipeline_params(work)
     dvc = [sys.executable, "-m", "dvc"]
     run([*dvc, "repro", "card"], work, env)

@@ -1,5 +1,5 @@
 """The team stack for real (pipeline/team_stack.py): PostgreSQL + SeaweedFS S3 + an MLflow server on free
-loopback ports; a `dvc exp run --queue` sweep of two experiments on the sample tracked into it; then what a
+loopback ports; a `dvc exp run --queue` sweep of two experiments on small synthetic images tracked into it; then what a
 teammate does with the results: the MLflow UI in a real browser, the champion through `mlflow.pyfunc`, the
 data through the DVC remote on the same S3 store."""
 

@@ -22,17 +22,18 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
 
 
 def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh git + DVC copy of the project, with the real sample if configured, else synthetic data."""
+    """A fresh git + DVC copy of the project on small synthetic GTSRB images (the tests that need real images
+    say so: `real_gtsrb_root`)."""
     work = tmp_path / "project"
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has
         shutil.copy(REPO / name, work / name)
     shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    root = os.environ.get("GTSRB_ROOT") or str(write_synthetic_gtsrb(tmp_path / "raw"))
+    root = write_synthetic_gtsrb(tmp_path / "raw")
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
     env.pop("MLFLOW_TRACKING_URI", None)
-    env = use_gtsrb(work, env, Path(root))
+    env = use_gtsrb(work, env, root)
     run(["git", "init", "-q"], work, env)
     run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
     return work, env
