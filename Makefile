@@ -84,9 +84,10 @@ platform-down: env
 platform-image: env
 	$(UV) run --frozen pipeline platform image --dir $(PLATFORM_DIR)
 
-# Two workers (pytest-xdist): the slow tests mostly wait on subprocesses, servers, builds; tests/conftest.py
-# keeps each file on one worker and the Docker engine's files together. PYTEST_WORKERS=0 runs in one process.
-PYTEST_WORKERS ?= 2
+# Three workers (pytest-xdist) on two cores: the slow tests wait on subprocesses, servers and builds, and a third
+# worker keeps both cores busy; tests/conftest.py keeps each file on one worker and the Docker engine's tests
+# together. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 3
 test: lint
 	$(UV) run --frozen pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -17,12 +17,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.data.sources import DATA_SOURCES, recipe_for
 
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
+
+
+def _switch_word(value: object) -> object:
+    # YAML 1.1 readers (PyYAML) take an unquoted off / on as false / true, and `dvc exp run -S key=off` writes
+    # it unquoted (YAML 1.2): the word was meant.
+    return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+
+
+OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch_word)]
+AmpMode = Annotated[Literal["auto", "bf16", "off"], BeforeValidator(_switch_word)]
 
 GTSRB_ROOT_ENV = "GTSRB_ROOT"
 MONITOR_URL_ENV = "PIPELINE_MONITOR_URL"
@@ -185,7 +195,7 @@ class TrainConfig(Section):
     """`auto`: cuda when available, else cpu."""
     compile: bool = False
     """Run the training step through torch.compile."""
-    amp: Literal["auto", "bf16", "off"] = "auto"
+    amp: AmpMode = "auto"
     """bf16 autocast. `auto`: on for CUDA devices that support bf16 and x86 CPUs with AMX or AVX512-BF16 (1.7-2x
     faster steps there), off elsewhere (AVX2 only emulates bf16: slower than fp32)."""
     threads: int = Field(0, ge=0, le=1024)
@@ -461,7 +471,7 @@ class OptimizeConfig(Section):
     """Make the PyTorch int8 variant (torchao pt2e static quantization, x86 or Arm quantizer)."""
     int8_onnx: bool = True
     """Make the ONNX Runtime int8 variants (QDQ, per-channel weights)."""
-    bf16: Literal["auto", "on", "off"] = "auto"
+    bf16: OnOffAuto = "auto"
     """bf16 variant: `auto` only when the CPU has native bf16 (AVX512-BF16/AMX or Arm BF16), `on` always."""
     batch_size: int = Field(256, ge=1, le=65536)
     """Batch size for evaluating the variants."""

@@ -12,10 +12,12 @@ from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
 from tests.helpers.once import built_once
 
-# `make test` runs the suite on two pytest-xdist workers: a file stays on one worker (its module fixtures are built
-# once), the tests that drive the Docker engine share one worker (image tags, the registry), and the longest files
-# start first so that neither worker waits alone at the end.
+# `make test` runs the suite on three pytest-xdist workers: a file stays on one worker (its module fixtures are built
+# once), the tests that drive the Docker engine share one worker (image tags, the registry), the tests of files
+# without module fixtures whose tests are each a whole pipeline run spread one by one, and the longest files start
+# first so that no worker waits alone at the end.
 ENGINE_TESTS = ("tests/ship/", "tests/test_dvc.py::test_your_own_folder_of_images_through_deploy")
+ONE_BY_ONE = ("tests/test_dvc.py",)
 LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip
@@ -30,7 +32,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "docker-engine" if nodeid.startswith(ENGINE_TESTS) else nodeid.split("::", 1)[0]
+            if nodeid.startswith(ENGINE_TESTS):
+                return "docker-engine"
+            return nodeid if nodeid.startswith(ONE_BY_ONE) else nodeid.split("::", 1)[0]
 
     return ByFile(config, log)
 

@@ -39,6 +39,18 @@ def test_out_of_range_value() -> None:
         parse_params({"data": {"val_fraction": 0.7}})
 
 
+def test_an_unquoted_off_is_the_word_as_dvc_exp_run_writes_it(tmp_path: Path) -> None:
+    """`dvc exp run -S optimize.bf16=off` writes `bf16: off` (YAML 1.2, a string), which PyYAML reads as false."""
+    written = tmp_path / "params.yaml"
+    written.write_text("optimize:\n  bf16: off\ntrain:\n  amp: off\n")
+    params = load_params(written)
+    assert (params.optimize.bf16, params.train.amp) == ("off", "off")
+    written.write_text("optimize:\n  bf16: on\n")
+    assert load_params(written).optimize.bf16 == "on"
+    with pytest.raises(ConfigError, match=r"train.amp: input should be 'auto', 'bf16' or 'off', got 'on'"):
+        parse_params({"train": {"amp": True}})
+
+
 def test_every_error_gets_its_own_line() -> None:
     with pytest.raises(ConfigError) as info:
         parse_params({"data": {"image_size": 2, "seed": "x"}})
