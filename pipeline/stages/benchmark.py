@@ -137,8 +137,8 @@ def measure_sgemm(timeout_s: float, seconds: float = 1.0) -> dict[str, float]:
     """The machine's fp32 multiply-add rate (GMAC/s) on a large matrix multiply, all cores, by each library the
     runtimes use (torch.mm: the build's BLAS; ONNX Runtime's MatMul: MLAS), in a fresh interpreter as the setups
     are. The faster is the roofline of the per-variant table: one library alone can understate what the cores do
-    (on a 2-core AMD EPYC with AVX-512, MKL's sgemm ran at 102 GMAC/s, MLAS's at 217). Empty when it cannot be
-    measured. `seconds` per library: benchmark.min_seconds, as for the setups."""
+    (docs/stages.md, benchmark). Empty when it cannot be measured. `seconds` per library: benchmark.min_seconds, as
+    for the setups."""
     command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm", str(seconds)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)

@@ -49,9 +49,8 @@ def choose_device(wanted: str) -> torch.device:
 
 def amp_dtype(amp: str, device: torch.device, cpu_flags: set[str] | None = None) -> torch.dtype | None:
     """bf16 autocast for `bf16`; for `auto`, where bf16 arithmetic in hardware makes it pay: CUDA with bf16, and x86
-    CPUs with AMX (`amx_bf16`: the default recipe's step 1.96x fp32 on a Xeon) or AVX512-BF16 (1.69-1.76x on an
-    EPYC without AMX; `python -m benchmarks train`). AVX2 only emulates bf16 (3x slower than fp32 on an AVX2 EPYC) and
-    Arm's bf16 is not measured yet: those stay fp32."""
+    CPUs with AMX (`amx_bf16`) or AVX512-BF16. AVX2 only emulates bf16 (slower than fp32) and Arm's bf16 is not
+    measured yet: those stay fp32. The measured steps: docs/stages.md, train."""
     if amp == "bf16":
         return torch.bfloat16
     if amp != "auto":
