@@ -28,7 +28,7 @@ PathField = Annotated[Path, Field(strict=False)]
 def _switch_word(value: object) -> object:
     # YAML 1.1 readers (PyYAML) take an unquoted off / on as false / true, and `dvc exp run -S key=off` writes
     # it unquoted (YAML 1.2): the word was meant.
-    return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+    return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch_word)]
@@ -196,8 +196,8 @@ class TrainConfig(Section):
     compile: bool = False
     """Run the training step through torch.compile."""
     amp: AmpMode = "auto"
-    """bf16 autocast. `auto`: on for CUDA devices that support bf16 and x86 CPUs with AMX or AVX512-BF16 (1.7-2x
-    faster steps there), off elsewhere (AVX2 only emulates bf16: slower than fp32)."""
+    """bf16 autocast. `auto`: on for CUDA devices that support bf16 and x86 CPUs with AMX or AVX512-BF16 (faster
+    steps there: docs/stages.md), off elsewhere (AVX2 only emulates bf16: slower than fp32)."""
     threads: int = Field(0, ge=0, le=1024)
     """CPU threads per process; 0 = the machine's cores divided by the number of processes."""
     checkpoint_every: int = Field(100, ge=0)
