@@ -23,6 +23,9 @@ GB = 1024**3
 # between two batch sizes, with a margin over the largest network's (docs/own-data.md has the measurements).
 TRAIN_FACTOR = 1.3
 EVAL_FACTOR = 0.4
+# ONNX Runtime's MinMax calibration holds every tensor of a batch until the batch is done (each feeds a min and a max
+# output): its slope is above a training step's.
+CALIBRATE_FACTOR = 1.6
 # The optimizer's per-parameter state when training: the gradient and AdamW's two moments.
 TRAIN_STATE_PER_PARAMETER = 3
 # What a first backward adds beyond the layer outputs (kernel scratch, the allocator's arenas): the intercept of
@@ -83,16 +86,20 @@ class Budget:
         per_image = max(1, int(self.per_image_bytes * factor))
         return max(1, (self.limit_bytes - fixed) // per_image)
 
-    def eval_batch(self, requested: int, what: str, say: bool = True) -> int:
+    def eval_batch(self, requested: int, what: str, say: bool = True, factor: float = EVAL_FACTOR) -> int:
         """`requested`, or the largest batch under the limit (said once in the log)."""
         if not self.limit_bytes:
             return requested
-        fits = _round_down(self._fits(EVAL_FACTOR, resident_bytes()))
+        fits = _round_down(self._fits(factor, resident_bytes()))
         if fits >= requested:
             return requested
         if say:
             console.log(f"{what} {requested} -> {fits}: a batch of {requested} would not fit in memory_gb {self.gb}")
         return fits
+
+    def calibration_batch(self, requested: int, what: str) -> int:
+        """`requested`, or the largest int8 calibration batch under the limit."""
+        return self.eval_batch(requested, what, factor=CALIBRATE_FACTOR)
 
     def micro_batch(self, batch: int, parameters: int, what: str, say: bool = True) -> int:
         """The largest part of a training batch of `batch` whose step fits under the limit (`batch` when it does)."""

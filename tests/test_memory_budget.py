@@ -34,6 +34,7 @@ def test_batches_are_lowered_only_where_they_would_not_fit(monkeypatch: pytest.M
     assert 1 <= lowered < 4096 and (lowered % 8 == 0 or lowered < 8)
     split = at_224.micro_batch(4096, 5_000_000, "train.batch_size")
     assert 1 <= split < lowered  # a training step keeps more of each image than evaluation
+    assert 1 <= at_224.calibration_batch(4096, "int8 calibration batch") < lowered  # and so does int8 calibration
     assert Budget.of(2.0, model, 32).eval_batch(512, "evaluate.batch_size") == 512  # type: ignore[arg-type]
     assert Budget.of(0, model, 224).micro_batch(4096, 5_000_000, "train.batch_size") == 4096  # type: ignore[arg-type]
     assert Budget.of(2.0, model, 224, "cuda").eval_batch(4096, "x") == 4096  # type: ignore[arg-type]
@@ -48,26 +49,52 @@ torch.set_num_threads(1)
 batch, budget_gb = int(sys.argv[1]), float(sys.argv[2])
 model = nets.build("timm/resnet10t", [0.5] * 3, [0.25] * 3, 224, num_classes=5)
 optim = make_optimizer(model, "adamw", 1e-3, 0.0)
-micro = Budget.of(budget_gb, model, 224).micro_batch(batch, nets.count_parameters(model), "train.batch_size")
-engine = Engine(model, optim, lambda s: 1e-3, Loss(), micro_batch=micro)
 images = torch.rand(batch, 3, 224, 224).contiguous(memory_format=torch.channels_last)
+labels = torch.randint(0, 5, (batch,))
 model.train()
-engine.step(0, images, torch.randint(0, 5, (batch,)), batch)
 # VmHWM: this interpreter's own peak (getrusage's ru_maxrss keeps the forking parent's across exec: a pytest worker)
-peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"micro": micro, "peak": peak * 1024}))
+peak = lambda: next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+micro = Budget.of(budget_gb, model, 224).micro_batch(batch, nets.count_parameters(model), "train.batch_size")
+Engine(model, optim, lambda s: 1e-3, Loss(), micro_batch=micro).step(0, images, labels, batch)
+fitted = peak()
+Engine(model, optim, lambda s: 1e-3, Loss(), micro_batch=0).step(1, images, labels, batch)  # then in one piece
+print(json.dumps({"micro": micro, "fitted": fitted, "whole": peak()}))
 """
 
 
-def _step(batch: int, budget_gb: float) -> dict[str, int]:
-    done = subprocess.run([sys.executable, "-c", STEP, str(batch), str(budget_gb)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
 def test_a_224_px_training_step_stays_within_the_budget_that_a_whole_batch_exceeds() -> None:
-    whole = _step(64, 0)  # no limit: the batch of 64 in one piece
-    fitted = _step(64, 1.5)
-    assert whole["micro"] == 64 and whole["peak"] > 1.5 * GB  # the whole batch would not fit
-    assert fitted["micro"] < 64
-    assert fitted["peak"] < 1.5 * GB
+    done = subprocess.run([sys.executable, "-c", STEP, "64", "1.5"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["micro"] < 64
+    assert measured["fitted"] < 1.5 * GB < measured["whole"]  # the peak only grows: the fitted step came first
+
+
+CALIBRATE = """
+import json, sys, tempfile, numpy as np, torch
+from pathlib import Path
+from pipeline import nets
+from pipeline.memory_budget import Budget
+from pipeline.optimize import export, quantize
+torch.set_num_threads(1)
+budget_gb = float(sys.argv[1])
+model = nets.build("timm/resnet10t", [0.5] * 3, [0.25] * 3, 224, num_classes=5).eval()
+images = np.random.default_rng(0).random((64, 3, 224, 224), dtype=np.float32)
+peak = lambda: next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+with tempfile.TemporaryDirectory() as tmp:
+    export.export_onnx(model, Path(tmp) / "fp32.onnx", 224)
+    batch = Budget.of(budget_gb, model, 224).calibration_batch(len(images), "int8 calibration batch")
+    quantize.quantize_onnx(Path(tmp) / "fp32.onnx", images, Path(tmp) / "fitted.onnx", batch_size=batch)
+    fitted = peak()
+    quantize.quantize_onnx(Path(tmp) / "fp32.onnx", images, Path(tmp) / "whole.onnx", batch_size=len(images))
+    print(json.dumps({"batch": batch, "fitted": fitted, "whole": peak()}))
+"""
+
+
+def test_int8_calibration_at_224_px_stays_within_the_budget_that_a_whole_batch_exceeds() -> None:
+    """ONNX Runtime's calibration holds every tensor of a batch: its batch follows memory_gb like evaluation's."""
+    done = subprocess.run([sys.executable, "-c", CALIBRATE, "1.5"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["batch"] < 64
+    assert measured["fitted"] < 1.5 * GB < measured["whole"]

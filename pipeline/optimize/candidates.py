@@ -31,6 +31,7 @@ from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Prepro
 from pipeline.checksum import sha256_of
 from pipeline.config import OptimizeConfig, Params
 from pipeline.errors import StageError
+from pipeline.memory_budget import Budget
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
 from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file, runtimes_for
@@ -85,8 +86,9 @@ class Candidate:
 class Optimizer:
     """Makes the candidates in a staging folder and evaluates them; `run` ships the accepted ones."""
 
-    def __init__(self, params: Params, staging: Path, prepared: PreparedManifest) -> None:
+    def __init__(self, params: Params, staging: Path, prepared: PreparedManifest, budget: Budget | None = None) -> None:
         self.params = params
+        self.budget = budget or Budget(0, 0)  # memory_budget: what each batch may hold
         self.cfg: OptimizeConfig = params.optimize
         self.staging = staging
         self.image_size = prepared.image_size
@@ -244,8 +246,11 @@ class Optimizer:
         int8.details["macs"] = extra["macs"]
 
         def make_int8() -> None:
+            batch = self.budget.calibration_batch(quantize.CALIBRATION_BATCH, "int8 calibration batch")
             int8.details.update(
-                quantize.quantize_onnx(self.staging / onnx.file, self.calibration, self.staging / int8.file)
+                quantize.quantize_onnx(
+                    self.staging / onnx.file, self.calibration, self.staging / int8.file, batch_size=batch
+                )
             )
 
         self.attempt(int8, make_int8)
@@ -266,8 +271,9 @@ class Optimizer:
             )
 
             def make_pt2e() -> None:
+                batch = self.budget.eval_batch(quantize.CALIBRATION_BATCH, "int8 calibration batch")
                 c.details.update(
-                    quantize.quantize_pt2e(model, self.calibration, self.staging / c.file),
+                    quantize.quantize_pt2e(model, self.calibration, self.staging / c.file, batch_size=batch),
                     machine=platform.machine(),
                 )
 

@@ -59,13 +59,20 @@ def make_quantizer(machine: str | None = None, flags: set[str] | None = None) ->
     raise ValueError(f"no pt2e int8 quantizer for machine {machine!r} (x86-64 and aarch64 are supported)")
 
 
+CALIBRATION_BATCH = 64  # images per calibration forward (lowered to fit memory_gb: memory_budget)
+
+
 def _batches(images: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
     for start in range(0, len(images), batch_size):
         yield images[start : start + batch_size]
 
 
 def quantize_pt2e(
-    model: nn.Module, calibration: np.ndarray, out: Path, machine: str | None = None, batch_size: int = 64
+    model: nn.Module,
+    calibration: np.ndarray,
+    out: Path,
+    machine: str | None = None,
+    batch_size: int = CALIBRATION_BATCH,
 ) -> dict[str, Any]:
     """Quantize `model` (fp32, eval) with the calibration images (float32 NCHW) and save a .pt2."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -117,7 +124,7 @@ def quantize_onnx(
     calibration: np.ndarray,
     out: Path,
     input_name: str = "images",
-    batch_size: int = 64,
+    batch_size: int = CALIBRATION_BATCH,
     reduce_range: bool | None = None,
 ) -> dict[str, Any]:
     """QDQ int8 copy of an fp32 ONNX model (per-channel int8 weights, uint8 activations, MinMax; only

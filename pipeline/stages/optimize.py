@@ -101,12 +101,13 @@ def run(params: Params) -> None:
     model_file.check_against(payload, model_file.MODEL_PATH, len(prepared.classes), prepared.image_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    fitted = Budget.of(params.memory_gb, model, prepared.image_size).eval_batch(cfg.batch_size, "optimize.batch_size")
+    budget = Budget.of(params.memory_gb, model, prepared.image_size)
+    fitted = budget.eval_batch(cfg.batch_size, "optimize.batch_size")
     params = params.model_copy(update={"optimize": cfg.model_copy(update={"batch_size": fitted})})
     staging = MODELS_DIR / "variants.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    opt = Optimizer(params, staging, prepared)
+    opt = Optimizer(params, staging, prepared, budget)
     with stage_run("optimize", params, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
         mlrun.set_tags({"machine": platform.machine(), "torch": torch.__version__})
         opt.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
