@@ -1,8 +1,9 @@
-"""GTSRB on disk: torchvision's dataset code lists the files, the official CSVs give the ROI boxes."""
+"""GTSRB on disk in torchvision's layout (torchvision downloads it), the official CSVs give the ROI boxes."""
 
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 from pipeline.artifacts.prepared import DataSubject
@@ -88,24 +89,50 @@ def _read_boxes(csv_path: Path) -> dict[str, Annotation]:
     return boxes
 
 
-def _torchvision_samples(root: Path, split: str, download: bool) -> list[tuple[str, int]]:
-    from torchvision.datasets import GTSRB
+def _target_folder(root: Path, split: str) -> Path:
+    return root / "gtsrb" / "GTSRB" / ("Training" if split == "train" else "Final_Test/Images")
+
+
+def _listed_samples(root: Path, split: str) -> list[tuple[str, int]]:
+    """(path, label) of every image of `split`, in torchvision's order (its GTSRB dataset and `make_dataset`: class
+    folders sorted, then each folder's walk sorted; the test split as its CSV lists it), read without importing
+    torchvision (with torch, seconds of every prepare)."""
+    folder = _target_folder(root, split)
+    if split != "train":
+        try:
+            with open(root / "gtsrb" / "GT-final_test.csv", newline="") as csv_file:
+                rows = csv.DictReader(csv_file, delimiter=";", skipinitialspace=True)
+                return [(str(folder / row["Filename"]), int(row["ClassId"])) for row in rows]
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise StageError(f"GTSRB test labels unreadable under {root} ({exc}): {LAYOUT_HELP}") from exc
+    classes = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+    samples = []
+    for index, name in enumerate(classes):
+        for directory, _, names in sorted(os.walk(folder / name, followlinks=True)):
+            samples += [(os.path.join(directory, n), index) for n in sorted(names) if n.lower().endswith(".ppm")]
+    return samples
+
+
+def _samples(root: Path, split: str, download: bool) -> list[tuple[str, int]]:
+    if _target_folder(root, split).is_dir():
+        return _listed_samples(root, split)
+    if not download:
+        raise StageError(f"GTSRB {split} split not found under {root}: {LAYOUT_HELP}")
+    from torchvision.datasets import GTSRB  # only to download it
 
     try:
-        dataset = GTSRB(root=str(root), split=split, download=download)
-    except RuntimeError as exc:  # torchvision: "Dataset not found..."
-        raise StageError(f"GTSRB {split} split not found under {root}: {LAYOUT_HELP}") from exc
+        GTSRB(root=str(root), split=split, download=True)
     except Exception as exc:  # a download without network fails in many ways (URLError, SSL, HTTP...)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StageError(
             f"could not download GTSRB into {root} ({reason}). Set data.download: false and {LAYOUT_HELP}"
         ) from exc
-    return list(dataset._samples)
+    return _listed_samples(root, split)
 
 
 def list_split(root: Path, split: str, download: bool = False) -> list[SignFile]:
     """Every image of one split with its label, ROI box and track."""
-    samples = _torchvision_samples(root, split, download)
+    samples = _samples(root, split, download)
     if not samples:
         raise StageError(f"GTSRB {split} split under {root} holds no .ppm images: {LAYOUT_HELP}")
     files: list[SignFile] = []

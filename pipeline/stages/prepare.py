@@ -213,6 +213,8 @@ def interpolation(params: Params) -> Interpolation:
     """data.interpolation, `auto` resolved: the filter model.name's pretrained weights were made with."""
     if params.data.interpolation != "auto":
         return params.data.interpolation
+    if "/" not in params.model.name:  # not a library's (`timm/...`): no pretrained filter, nor torch to import
+        return "bilinear"
     from pipeline.backbones import expected_interpolation  # torch and the model libraries: only for `auto`
 
     return expected_interpolation(params.model.name)

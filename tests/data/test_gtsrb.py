@@ -41,3 +41,22 @@ def test_real_sample_matches_its_readme(real_gtsrb_root: Path) -> None:
     assert {f.label for f in train} == set(range(43)) == {f.label for f in test}
     assert all(f.box is not None for f in train + test)
     assert len(test) >= 645
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_the_listing_is_torchvisions_in_its_order(synthetic_gtsrb: Path, split: str) -> None:
+    """Read without torchvision (prepare need not import torch), the same files in the same order: the prepared
+    splits, and so every figure, stay as they were."""
+    from torchvision.datasets import GTSRB
+
+    listed = [(str(f.path), f.label) for f in list_split(synthetic_gtsrb, split)]
+    theirs = list(GTSRB(root=str(synthetic_gtsrb), split=split)._samples)
+    assert [path for path, _ in listed] == [path for path, _ in theirs]
+    if split == "test":
+        assert listed == theirs
+
+
+def test_a_missing_test_csv_is_one_line(synthetic_gtsrb: Path) -> None:
+    (synthetic_gtsrb / "gtsrb" / "GT-final_test.csv").unlink()
+    with pytest.raises(StageError, match="GTSRB test labels unreadable"):
+        list_split(synthetic_gtsrb, "test")

@@ -42,6 +42,22 @@ def test_prepare_writes_arrays_manifest_and_reports(synthetic_gtsrb: Path, workd
     assert sorted(p.name for p in (workdir / "data").iterdir()) == ["prepared"]
 
 
+def test_the_demos_prepare_imports_no_torch(synthetic_gtsrb: Path, workdir: Path) -> None:
+    """prepare reads, frames and writes images: torch (seconds of imports in every `dvc repro`) is for the stages
+    that run a network, or for a library network's pretrained filter (`data.interpolation: auto`)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.params import write_params_yaml
+
+    write_params_yaml(workdir / "params.yaml", make_params(synthetic_gtsrb, image_size=16))
+    script = "import sys\nfrom pipeline.config import load_params\nfrom pipeline.stages import prepare\n"
+    script += "prepare.run(load_params())\nprint(sorted({'torch', 'torchvision'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_crop_follows_the_roi_box(synthetic_gtsrb: Path, workdir: Path) -> None:
     prepare.run(make_params(synthetic_gtsrb, image_size=16, roi_margin=0.0))
     images, labels = _load("test")["images"], _load("test")["labels"]
