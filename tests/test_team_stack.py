@@ -69,6 +69,8 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     params["train"]["train_on_val"] = False  # a sweep chooses a recipe: validation held out, val_accuracy reported
     params["evaluate"]["max_drop"] = 1.0  # two tiny models on the sample: each passes its gate
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
+    # Two variants are enough to compare and to serve (fp32, fp32-onnx): the int8 and bf16 ones have their own tests.
+    params["optimize"].update({"int8_onnx": False, "bf16": "off"})
     params["benchmark"]["headline_rounds"] = 1
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(env, MLFLOW_TRACKING_URI=stack.tracking_uri, **GIT_IDENTITY)  # no S3 keys: artifacts are proxied
