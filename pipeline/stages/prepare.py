@@ -29,7 +29,7 @@ from pipeline.artifacts.prepared import (
     BadImages,
     PreparedManifest,
 )
-from pipeline.config import GTSRB_ROOT_ENV, DataConfig, Params
+from pipeline.config import GTSRB_ROOT_ENV, LIBRARY_NETWORK, DataConfig, Params
 from pipeline.console import log, progress
 from pipeline.data import gtsrb, sources
 from pipeline.data.decode import decoded
@@ -213,7 +213,7 @@ def interpolation(params: Params) -> Interpolation:
     """data.interpolation, `auto` resolved: the filter model.name's pretrained weights were made with."""
     if params.data.interpolation != "auto":
         return params.data.interpolation
-    if "/" not in params.model.name:  # not a library's (`timm/...`): no pretrained filter, nor torch to import
+    if not LIBRARY_NETWORK.match(params.model.name):  # ours or your own module: no pretrained filter, no torch import
         return "bilinear"
     from pipeline.backbones import expected_interpolation  # torch and the model libraries: only for `auto`
 
