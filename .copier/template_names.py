@@ -144,15 +144,9 @@ DATA: list[tuple[str, str, str]] = [
         "  download: false         # only the template's demo source downloads",
     ),
     ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
-    ("params.yaml", " | gtsrb (GTSRB test files under data.root / $GTSRB_ROOT, whole)", ""),
-    ("pipeline/config.py", '    source: str = "gtsrb"', '    source: str = "{data_source}"'),
+    ("pipeline/data/sources.py", 'DEFAULT_SOURCE = "gtsrb"', 'DEFAULT_SOURCE = "{data_source}"'),
     ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
     ("pipeline/config.py", "download: bool = True", "download: bool = False"),
-    (
-        "pipeline/cli.py",
-        "Read GTSRB, crop to the sign, resize, split by track;",
-        "Read the raw images, crop, resize, split by group;",
-    ),
     (
         "Makefile",
         "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)",

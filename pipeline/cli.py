@@ -77,7 +77,7 @@ def show_params(params_path: Path = ParamsOption) -> None:
 
 @app.command()
 def prepare(params: Path = ParamsOption) -> None:
-    """Read GTSRB, crop to the sign, resize, split by track; write uint8 arrays and a manifest."""
+    """Read the labelled images, crop, resize, split by group; write uint8 arrays and a manifest."""
     _run_stage("prepare", params)
 
 

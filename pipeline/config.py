@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.data.sources import DATA_SOURCES, recipe_for
+from pipeline.data.sources import DATA_SOURCES, DEFAULT_SOURCE, recipe_for
 
 # Paths come from YAML as strings; accept those (and only those) for Path fields.
 PathField = Annotated[Path, Field(strict=False)]
@@ -34,11 +34,10 @@ def _switch_word(value: object) -> object:
 OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch_word)]
 AmpMode = Annotated[Literal["auto", "bf16", "off"], BeforeValidator(_switch_word)]
 
-GTSRB_ROOT_ENV = "GTSRB_ROOT"
 MONITOR_URL_ENV = "PIPELINE_MONITOR_URL"
 RECIPES_DIR = Path(__file__).with_name("recipes")
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-# Keys left empty take a name made from `name` (the demo's `gtsrb` gives the demo's names).
+# Keys left empty take a name made from `name`.
 NAMED_KEYS = {
     ("tracking", "experiment"): "{name}",
     ("tracking", "registered_model_name"): "{name}-classifier",
@@ -58,20 +57,20 @@ class Section(BaseModel):
 class DataConfig(Section):
     """The prepare stage: where the images are, and how they become arrays."""
 
-    source: str = "gtsrb"
-    """A name in pipeline/data/sources.py's table. `gtsrb`: the demo dataset through torchvision. `folder`: `root` holds one sub-folder of images per class
-    (or `train/<class>/` and `test/<class>/`). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
+    source: str = DEFAULT_SOURCE
+    """A name in pipeline/data/sources.py's table. `folder`: `root` holds one sub-folder of images per class (or
+    `train/<class>/` and `test/<class>/`). `csv`: `root` is a CSV file with `path,label[,group][,box][,split]`
     columns (pipeline/data/listing.py). Classes come from the data."""
     root: PathField = Path("data/raw")
-    """gtsrb: the folder that holds (or receives) torchvision's `gtsrb/` layout ($GTSRB_ROOT overrides it);
-    folder: your folder of class folders; csv: your CSV file."""
+    """folder: your folder of class folders; csv: your CSV file; a downloading source: the folder that holds (or
+    receives) its files."""
     download: bool = True
-    """gtsrb: let torchvision download GTSRB into `root` when it is not there (needs internet)."""
+    """A source that can download its data fetches it into `root` when it is not there (needs internet)."""
     image_size: int = Field(32, ge=8, le=1024)
     """Side of the square images the model sees, in pixels (32 suits signs; photos for a backbone: 96-384)."""
     resize: Literal["stretch", "center_crop", "pad"] = "stretch"
     """How an image (its served crop, or its box) becomes that square, the same in prepare, evaluate, predict and
-    the server: `stretch` squashes it (GTSRB's signs are about square); `center_crop` keeps the central square of
+    the server: `stretch` squashes it (objects about square, such as road signs); `center_crop` keeps the central square of
     the shorter side; `pad` keeps all of it and its aspect ratio, on black bands (photos of any shape)."""
     interpolation: Literal["auto", "bilinear", "bicubic"] = "auto"
     """The resize's filter, the same in prepare, evaluate, predict and the server. `auto`: what the architecture's
@@ -90,11 +89,11 @@ class DataConfig(Section):
     paper protocol; the server then sees framings the model never learned)."""
     crop: Literal["auto", "none"] = "auto"
     """What the served input cuts off each side of a whole image. `auto`: the training split's average
-    background at each side less roi_margin (GTSRB's signs are not centred; more pixels land on the sign).
+    background at each side less roi_margin (objects framed off-centre: more pixels land on the object).
     `none`: the whole image. Recorded in the prepared manifest and the models' manifest; the server applies it."""
     val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
-    """Fraction of each class's groups held out for validation (GTSRB: tracks, i.e. physical signs; a CSV's
-    `group` column; else single files)."""
+    """Fraction of each class's groups held out for validation (a group: frames of one physical object, such as a
+    CSV's `group` column; else single files)."""
     test_fraction: float = Field(0.2, gt=0.0, lt=0.5)
     """Sources without a test split: the fraction of each class's groups held out for testing."""
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
@@ -112,9 +111,10 @@ class DataConfig(Section):
         return value
 
     def resolved_root(self) -> Path:
-        """`root`, unless $GTSRB_ROOT points a gtsrb run at another copy."""
-        env = os.environ.get(GTSRB_ROOT_ENV)
-        return Path(env) if env and self.source == "gtsrb" else self.root
+        """`root`, unless the source's environment variable (its `root_env`) names another copy."""
+        variable = DATA_SOURCES[self.source].root_env
+        value = os.environ.get(variable) if variable else None
+        return Path(value) if value else self.root
 
 
 LIBRARY_NETWORK = re.compile(r"^(torchvision|timm)/[A-Za-z0-9_.\-]+$")
@@ -244,7 +244,7 @@ class AugmentParams(Section):
     """Mirror half the images left-right (photos of objects; never for signs, whose meaning it can change)."""
     random_resized_crop: float = Field(0.0, ge=0.0, lt=1.0)
     """> 0: each image shows a random part of itself of at least this fraction of its area (aspect 3/4..4/3),
-    resized back to the full side: RandomResizedCrop's idea for photos; 0 = off (GTSRB's default)."""
+    resized back to the full side: RandomResizedCrop's idea for photos; 0 = off."""
 
 
 class RegularizeParams(Section):
@@ -260,7 +260,7 @@ class EvaluateConfig(Section):
 
     min_accuracy: float = Field(0.0, ge=0.0, le=1.0)
     """An absolute floor on the served test accuracy (original files, whole, through the server's preprocessing),
-    for a recipe that knows its data (gtsrb: 0.985); 0 = none. The comparative gate always applies: the shipped
+    for a recipe that knows its data; 0 = none. The comparative gate always applies: the shipped
     variant within `max_drop` of the trained model, and no worse than the registered champion on the same files."""
     max_drop: float = Field(0.01, ge=0.0, le=1.0)
     """The shipped variant may be at most this below the trained model, and below the current champion, on the
@@ -543,9 +543,9 @@ class MonitorConfig(Section):
 
     url: str = ""
     """Base URL of the server, e.g. https://signs.example.com; empty: give --url or $PIPELINE_MONITOR_URL."""
-    source: Literal["files", "prepared", "gtsrb"] = "files"
+    source: Literal["files", "prepared", "raw"] = "files"
     """Labelled images, sent as whole PNG files as users send them: `files` = the prepared test split's original
-    files (data/prepared/test_files); `gtsrb` = the GTSRB test split's files under data.root ($GTSRB_ROOT);
+    files (data/prepared/test_files); `raw` = the test split that data.source lists under data.root (a source with one);
     `prepared` = the prepared crops (ROI + margin, resized) of data/prepared/test/."""
     images: int = Field(200, ge=0)
     """Images to send: the first N of the source; 0 = all of them."""
@@ -617,14 +617,14 @@ class TuneConfig(Section):
 
 
 class Params(Section):
-    recipe: str = Field("gtsrb", min_length=1)
-    """The defaults under your keys: `auto` (gtsrb for the demo's data, photos for a folder or CSV), `gtsrb` (the
-    demo's 32 px committee and its accuracy floor), `photos` (a network and input size for ordinary photos), or a
-    YAML file of your own (params.yaml's sections) over the built-in recipe `auto` would pick. It sets the keys
+    recipe: str = Field(recipe_for(DEFAULT_SOURCE), min_length=1)
+    """The defaults under your keys: `auto` (the data source's recipe: `photos` for a folder or CSV), a built-in
+    recipe by name (pipeline/recipes/: `photos`, a network and input size for ordinary photos), or a YAML file of
+    your own (params.yaml's sections) over the built-in recipe `auto` would pick. It sets the keys
     params.yaml leaves at ~. Parsed params hold the recipe that was applied."""
-    name: str = Field("gtsrb", pattern=NAME_PATTERN)
+    name: str = Field(DATA_SOURCES[DEFAULT_SOURCE].name or "images", pattern=NAME_PATTERN)
     """Your project's name: the MLflow experiment, registered model, served model, image and container take it
-    (each can still be set on its own). Empty: the data folder's name (`gtsrb` for the demo's data)."""
+    (each can still be set on its own). Empty: the data source's name for its data, else the data folder's."""
     memory_gb: float = Field(4.0, ge=0.0, le=65536.0)
     """The resident memory a stage may use on the CPU, in GB: evaluation batches larger than fit at the data's image
     size are lowered, and a training batch is stepped as micro-batches whose gradients add up (the same update).
@@ -696,12 +696,12 @@ def _merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def name_of_data(source: str, root: Any) -> str:
-    """A project name from the data: `gtsrb` for the demo's, else the data folder's (or CSV's) name, skipping
-    folder names that say nothing (train, data, images, ...)."""
-    if source == "gtsrb":
-        return "gtsrb"
-    path = Path(str(root or "")).expanduser().absolute()
+    """A project name from the data: the source's own (DataSource.name), else the data folder's (or CSV's) name,
+    skipping folder names that say nothing (train, data, images, ...)."""
     known = DATA_SOURCES.get(source)
+    if known and known.name:
+        return known.name
+    path = Path(str(root or "")).expanduser().absolute()
     parts = [path.stem if known and known.root_is_file else path.name, *(p.name for p in path.parents)]
     for part in parts:
         slug = re.sub(r"[^a-z0-9]+", "-", part.lower()).strip("-")[:63].strip("-")
@@ -721,7 +721,7 @@ def recipe_layer(recipe: str, data_source: str, source: str = "params.yaml") -> 
 def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
     """params.yaml's keys (nulls left out) over the recipe's: what Params validates (its names: with_names)."""
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
-    data_source = str(data.get("source") or "gtsrb")
+    data_source = str(data.get("source") or DEFAULT_SOURCE)
     recipe = raw.get("recipe") or "auto"
     if not isinstance(recipe, str):
         raise ConfigError(f"{source}: recipe: expected a recipe name or a YAML file, got {recipe!r}")
@@ -735,7 +735,7 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml") -> dict[str, Any]:
 def with_names(raw: dict[str, Any]) -> dict[str, Any]:
     """`name` (else the data's name) and every empty key of NAMED_KEYS made from it."""
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
-    name = raw.get("name") or name_of_data(str(data.get("source") or "gtsrb"), data.get("root"))
+    name = raw.get("name") or name_of_data(str(data.get("source") or DEFAULT_SOURCE), data.get("root"))
     named: dict[str, Any] = {**raw, "name": name}
     for (section, key), template in NAMED_KEYS.items():
         values = named.get(section)

@@ -58,8 +58,8 @@ def resolve_url(config: MonitorConfig, url: str | None = None) -> str:
 
 def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
     """Encoded image files and their labels from `monitor.source`, the first `monitor.images` of them:
-    `files` = the prepared test split's original files, whole (what users send); `gtsrb` = the GTSRB test split's
-    files under data.root ($GTSRB_ROOT), whole; `prepared` = the prepared crops (ROI + margin, resized) as PNG."""
+    `files` = the prepared test split's original files, whole (what users send); `raw` = the test split data.source
+    lists under data.root, whole; `prepared` = the prepared crops (ROI + margin, resized) as PNG."""
     from PIL import Image
 
     config = params.monitor
@@ -69,7 +69,7 @@ def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
         if not originals:
             raise StageError(
                 f"{PREPARED_DIR} keeps no original test files: run `pipeline prepare` (or `dvc pull`), "
-                "or use monitor.source: gtsrb with GTSRB_ROOT"
+                "or use monitor.source: raw"
             )
         files, targets = [], []
         for original in originals:
@@ -79,18 +79,21 @@ def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
     elif config.source == "prepared":
         path = PREPARED_DIR / MANIFEST_FILE
         if not path.is_file():
-            raise StageError(
-                f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: gtsrb with GTSRB_ROOT"
-            )
+            raise StageError(f"{path} not found: run `pipeline prepare` (or `dvc pull`), or use monitor.source: raw")
         test = read_split("test", PREPARED_DIR, head=limit)  # only what is sent is read
         files = [encode(image, "png") for image in test.images]
         targets = test.labels.tolist()
     else:
-        from pipeline.data.gtsrb import read_test_split
+        from pipeline.data.sources import lister
         from pipeline.preprocess import BadImage, open_image
 
+        listed = lister(params.data.source)(params.data.resolved_root(), False).test
+        if listed is None:
+            raise StageError(
+                f"data.source {params.data.source} has no test split of its own: use monitor.source: files"
+            )
         files, targets = [], []
-        for file in read_test_split(params.data.resolved_root())[:limit]:
+        for file in listed[:limit]:
             try:
                 files.append(encode(open_image(str(file.path)), "png"))
             except BadImage:

@@ -134,14 +134,31 @@ def test_url_comes_from_option_env_or_params(project: Path, monkeypatch: pytest.
     assert monitor.resolve_url(config, "http://opt:2") == "http://opt:2"
 
 
-def test_gtsrb_source_sends_the_same_whole_files_as_the_prepared_originals(tiny_project: Path, project: Path) -> None:
+def test_the_raw_source_sends_the_same_whole_files_as_the_prepared_originals(tiny_project: Path, project: Path) -> None:
+    """`monitor.source: raw` lists the data source's own test split under data.root: the files prepare kept."""
     raw = yaml.safe_load((tiny_project / "params.yaml").read_text())["data"]["root"]
     files, labels = monitor.labelled_images(params_for(project, images=0))
-    params = params_for(project, images=0, source="gtsrb")
+    params = params_for(project, images=0, source="raw")
     params = params.model_copy(update={"data": params.data.model_copy(update={"root": Path(raw)})})
-    gtsrb_files, gtsrb_labels = monitor.labelled_images(params)
-    np.testing.assert_array_equal(gtsrb_labels, labels)
-    assert gtsrb_files == files
+    raw_files, raw_labels = monitor.labelled_images(params)
+    np.testing.assert_array_equal(raw_labels, labels)
+    assert raw_files == files
     crops, crop_labels = monitor.labelled_images(params_for(project, images=0, source="prepared"))
     np.testing.assert_array_equal(crop_labels, labels)
     assert len(crops) == len(files) and crops != files  # the crops are another image than the whole file
+
+
+def test_the_raw_source_of_data_without_a_test_split_says_so(tmp_path: Path) -> None:
+    """A folder of class folders has no test split of its own: one line that names the source and the way out."""
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (tmp_path / "pets" / label).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "pets" / label / "1.png")
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"source": "folder", "root": str(tmp_path / "pets")})
+    raw["monitor"]["source"] = "raw"
+    with pytest.raises(
+        StageError, match=r"data\.source folder has no test split of its own: use monitor.source: files"
+    ):
+        monitor.labelled_images(parse_params(raw))

@@ -1,1 +1,1 @@
-"""GTSRB reading and the batch loader over prepared arrays."""
+"""Data sources (sources.py's table), decoding, and the batch loader over prepared arrays."""

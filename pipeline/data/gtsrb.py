@@ -179,16 +179,3 @@ SUBJECT = DataSubject(
     group_is="physical signs",
     untested="other countries' signs, night, rain or video",
 )
-
-
-def read_test_split(root: Path) -> list[SignFile]:
-    """The test split from its annotation file alone (GT-final_test.csv: file, ROI box, class; no torchvision),
-    for consumers that only read images, such as `pipeline monitor`."""
-    csv_path = root / "gtsrb" / "GT-final_test.csv"
-    images = root / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
-    boxes = _read_boxes(csv_path)
-    files = [SignFile(images / name, label, box, -1, size) for name, (box, label, size) in sorted(boxes.items())]
-    files = [f for f in files if f.path.is_file()]
-    if not files:
-        raise StageError(f"no labelled GTSRB test images under {root}: {LAYOUT_HELP}")
-    return files

@@ -1,7 +1,6 @@
 """What a data source lists: labelled image files, their classes, and the files it left out (with why).
 
-The built-in sources (`data.source`, the table in pipeline/data/sources.py), one Listing each:
-- `gtsrb` (pipeline/data/gtsrb.py): torchvision's GTSRB with the official CSVs (boxes, tracks).
+The general sources (`data.source`, the table in pipeline/data/sources.py), one Listing each:
 - `folder`: one sub-folder per class, as torchvision's ImageFolder (ROOT/<class>/<file>); or ROOT/train/<class>/
   and ROOT/test/<class>/ when the data comes split.
 - `csv`: a file with a header and the columns `path,label` and optionally `group` (frames of one object: kept on
@@ -29,12 +28,12 @@ MAX_CLASSES = 256  # labels are stored as uint8
 
 @dataclass(frozen=True)
 class SignFile:
-    """One labelled image file (a traffic sign in GTSRB, any image otherwise)."""
+    """One labelled image file."""
 
     path: Path
     label: int
-    box: Box | None  # the object's box when the source gives one (GTSRB's ROI, the CSV's `box`); else None
-    track: int  # group: frames of one physical object (GTSRB's track, the CSV's `group`); -1 = its own group
+    box: Box | None  # the object's box when the source gives one (the CSV's `box`); else None
+    track: int  # group: frames of one physical object (a track, the CSV's `group`); -1 = its own group
     size: tuple[int, int] | None = None  # (width, height) when the source states it, with the box
 
 

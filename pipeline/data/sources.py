@@ -30,13 +30,20 @@ class DataSource:
     """The built-in recipe `recipe: auto` gives its data."""
     root_is_file: bool = False
     """`data.root` names a file (its stem names the run), not a folder."""
+    root_env: str = ""
+    """An environment variable that, when set, names another copy of this source's data than `data.root` (CI's
+    cache, a shared disk); empty: none."""
+    name: str = ""
+    """The run's name for this source's data when params.yaml's `name` is empty; empty: the data folder's (or the
+    CSV's) name."""
 
 
 DATA_SOURCES: dict[str, DataSource] = {
-    "gtsrb": DataSource("pipeline.data.gtsrb:listing", recipe="gtsrb"),  # the demo's data, through torchvision
+    "gtsrb": DataSource("pipeline.data.gtsrb:listing", "gtsrb", root_env="GTSRB_ROOT", name="gtsrb"),  # the demo
     "folder": DataSource("pipeline.data.listing:list_folder"),  # ROOT/<class>/<images>
     "csv": DataSource("pipeline.data.listing:list_csv", root_is_file=True),  # path,label[,group][,box][,split]
 }
+DEFAULT_SOURCE = "gtsrb"  # data.source when params.yaml names none
 
 
 def lister(source: str) -> Lister:
@@ -44,6 +51,6 @@ def lister(source: str) -> Lister:
 
 
 def recipe_for(source: str) -> str:
-    """The recipe `recipe: auto` gives a source's data (an unknown source, refused later by validation: the demo's)."""
-    known = DATA_SOURCES.get(source)
-    return known.recipe if known else "gtsrb"
+    """The recipe `recipe: auto` gives a source's data (an unknown source, refused later by validation: the default
+    source's)."""
+    return DATA_SOURCES.get(source, DATA_SOURCES[DEFAULT_SOURCE]).recipe

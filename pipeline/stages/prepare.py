@@ -1,9 +1,9 @@
-"""The prepare stage: GTSRB images (or yours) -> uint8 image shards for train / val / test plus a manifest.
+"""The prepare stage: labelled image files -> uint8 image shards for train / val / test plus a manifest.
 
-    data.root (or $GTSRB_ROOT) --torchvision GTSRB + official CSVs--> split train/val by track, stratified by class
-        --> the served framing (data.crop: auto = derived from the training split's sign boxes)
-        --> train, val: each file as the server frames it (data.framing: served), or the sign's box + margin (roi)
-        --> test: the sign's box + margin (the ROI protocol), and its original files kept for the served figure
+    data.root --data.source's lister (pipeline/data/sources.py)--> split train/val by group, stratified by class
+        --> the served framing (data.crop: auto = derived from the training split's object boxes)
+        --> train, val: each file as the server frames it (data.framing: served), or the object's box + margin (roi)
+        --> test: the box + margin (the ROI protocol), and its original files kept for the served figure
         --> data/prepared/{train,val,test}/ shards, streamed, data/prepared/manifest.json (artifacts.prepared)
         --> reports/prepare/metrics.json, reports/prepare/class_distribution.csv
 
@@ -29,9 +29,9 @@ from pipeline.artifacts.prepared import (
     BadImages,
     PreparedManifest,
 )
-from pipeline.config import GTSRB_ROOT_ENV, LIBRARY_NETWORK, DataConfig, Params
+from pipeline.config import LIBRARY_NETWORK, DataConfig, Params
 from pipeline.console import log, progress
-from pipeline.data import gtsrb, sources
+from pipeline.data import sources
 from pipeline.data.decode import decoded
 from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
@@ -44,7 +44,7 @@ REPORT_DIR = REPORTS_DIR / "prepare"
 def split_by_track(
     files: Sequence[SignFile], val_fraction: float, seed: int, classes: Sequence[str] | None = None, what: str = "val"
 ) -> tuple[list[int], list[int]]:
-    """Indices of the files that stay and of those held out. Whole groups (GTSRB tracks, a CSV's `group`; a file
+    """Indices of the files that stay and of those held out. Whole groups (frames of one object: a source's tracks, a CSV's `group`; a file
     without one is its own group) go to one side; each class gives ~`val_fraction` of its groups to the held-out
     side, at least one, so both sides hold every class. A class with fewer than two groups cannot be on both
     sides: a StageError names it."""
@@ -116,9 +116,9 @@ def drop_duplicates(
 
 def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
     """`data.crop`: for `auto`, the mean background fraction at each side of the training files' sign boxes,
-    less roi_margin x the box's mean size, so the average served image frames the sign as `roi` would: in
-    GTSRB the sign is off-centre (more background at the left and top) and about a fifth of each side is
-    background, pixels the 32 px model cannot spare. `none` (or no boxes) keeps the whole image."""
+    less roi_margin x the box's mean size, so the average served image frames the object as `roi` would: an
+    off-centre object with a fifth of each side background (road signs in dash-cam crops) gets those pixels back,
+    which a 32 px model cannot spare. `none` (or no boxes) keeps the whole image."""
     sized = [(f.box, f.size) for f in files if f.box is not None and f.size is not None]
     if config.crop == "none" or not sized:
         return NO_CROP
@@ -181,8 +181,8 @@ def build_manifest(
     config: DataConfig,
     framing: Framing,
     test_originals: Sequence[Path] = (),
-    classes: Sequence[str] = gtsrb.CLASS_NAMES,
-    dataset: str = "GTSRB",
+    classes: Sequence[str] = (),
+    dataset: str = "",
     content_sha256: str = "",
     subject: prepared.DataSubject | None = None,
 ) -> PreparedManifest:
@@ -221,7 +221,7 @@ def interpolation(params: Params) -> Interpolation:
 
 
 def test_file_names(paths: Sequence[Path]) -> list[str]:
-    """Names of the kept original test files under data/prepared/: the file names when they are unique (GTSRB),
+    """Names of the kept original test files under data/prepared/: the file names when they are unique,
     else prefixed with their position (class folders often reuse names such as 1.png)."""
     names = [path.name for path in paths]
     if len(set(names)) != len(names):
@@ -256,7 +256,7 @@ DVC_STAGE_ENV = "DVC_STAGE"  # set by DVC for every stage command it runs
 
 def raw_root(config: DataConfig) -> Path:
     """The raw data prepare reads: under DVC the folder dvc.yaml tracks (`${data.root}`, also a queued experiment's
-    copy of it, `dvc exp run --queue -C data/raw`), else data.root or $GTSRB_ROOT."""
+    copy of it, `dvc exp run --queue -C data/raw`), else data.root or the copy the source's variable names."""
     queued_copy = Path(".dvc", "tmp", "exps").as_posix() in Path.cwd().as_posix()  # where DVC runs a queued experiment
     if os.environ.get(DVC_STAGE_ENV) and queued_copy and config.root.exists():
         return config.root
@@ -264,12 +264,12 @@ def raw_root(config: DataConfig) -> Path:
 
 
 def check_tracked_root(config: DataConfig) -> None:
-    """Under DVC, the raw data read must be the folder dvc.yaml tracks (`${data.root}`): $GTSRB_ROOT pointing
-    elsewhere would make `dvc status` blind to added, removed or changed images, so it is refused in one line."""
+    """Under DVC, the raw data read must be the folder dvc.yaml tracks (`${data.root}`): the source's variable
+    (DataSource.root_env) pointing elsewhere would make `dvc status` blind to added, removed or changed images, so it is refused in one line."""
     read, tracked = raw_root(config), config.root
     if os.environ.get(DVC_STAGE_ENV) and read.resolve() != tracked.resolve():
         raise StageError(
-            f"{GTSRB_ROOT_ENV}={read} is not the data DVC tracks (data.root: {tracked}), so adding or changing an "
+            f"{sources.DATA_SOURCES[config.source].root_env}={read} is not the data DVC tracks (data.root: {tracked}), so adding or changing an "
             f"image would not re-run prepare: link it there (`scripts/raw-data.sh`, which `make pipeline` runs: "
             f"ln -s {read} {tracked}) or set data.root to it"
         )
