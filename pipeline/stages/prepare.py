@@ -114,13 +114,29 @@ def drop_duplicates(
     return kept_val, kept_test, dropped
 
 
+def header_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from an image file's header, without decoding it; None when it does not open (prepare counts
+    it as unreadable when it decodes the file)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
 def served_crop(files: Sequence[SignFile], config: DataConfig) -> Crop:
     """`data.crop`: for `auto`, the mean background fraction at each side of the training files' sign boxes,
     less roi_margin x the box's mean size, so the average served image frames the object as `roi` would: an
     off-centre object with a fifth of each side background (road signs in dash-cam crops) gets those pixels back,
-    which a 32 px model cannot spare. `none` (or no boxes) keeps the whole image."""
-    sized = [(f.box, f.size) for f in files if f.box is not None and f.size is not None]
-    if config.crop == "none" or not sized:
+    which a 32 px model cannot spare. `none` (or no boxes) keeps the whole image. A size the source does not state
+    (a CSV's boxes) is read from the file's header."""
+    if config.crop == "none":
+        return NO_CROP
+    sized = [(f.box, f.size or header_size(f.path)) for f in files if f.box is not None]
+    sized = [(box, size) for box, size in sized if size is not None]
+    if not sized:
         return NO_CROP
     boxes = np.array([box for box, _ in sized], dtype=np.float64)  # x1, y1, x2, y2 (inclusive)
     sizes = np.array([size for _, size in sized], dtype=np.float64)  # width, height

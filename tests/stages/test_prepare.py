@@ -203,3 +203,25 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     assert not chosen.reduced_jpeg_decode
     prepare.run(make_params(synthetic_gtsrb, image_size=24, reduced_jpeg_decode=True))
     assert read_manifest(Path("data/prepared")).served_framing().reduced_jpeg_decode
+
+
+def test_a_csv_with_boxes_gets_the_same_served_crop_as_the_source_that_states_sizes(synthetic_gtsrb: Path) -> None:
+    """`crop: auto` from a CSV's boxes: its image sizes come from the files' headers, so the same images and boxes
+    as a CSV give the crop the demo's source (which states sizes) gives."""
+    from pipeline.data.listing import list_csv
+    from pipeline.data.sources import lister
+
+    demo = lister("gtsrb")(synthetic_gtsrb, False)
+    rows = ["path,label,group,box,split"]
+    for split, files in (("train", demo.train), ("test", demo.test or [])):
+        for f in files:
+            group = f"{f.label}-{f.track}" if f.track >= 0 else ""
+            box = " ".join(map(str, f.box)) if f.box else ""
+            rows.append(f"{f.path.relative_to(synthetic_gtsrb)},{f.label},{group},{box},{split}")
+    (synthetic_gtsrb / "labels.csv").write_text("\n".join(rows) + "\n")
+    listed = list_csv(synthetic_gtsrb / "labels.csv")
+    assert all(f.size is None and f.box is not None for f in listed.train)  # a CSV states no sizes
+    config = make_params(synthetic_gtsrb, crop="auto").data
+    crop = prepare.served_crop(listed.train, config)
+    assert crop == prepare.served_crop(demo.train, config) and min(crop) > 0
+    assert prepare.served_crop(listed.train, config.model_copy(update={"crop": "none"})) == prepare.NO_CROP
