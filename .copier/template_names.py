@@ -111,7 +111,6 @@ NAMES: list[tuple[str, str, str]] = [
     ("tests/ship/test_platform_compose.py", '"gtsrb-platform-test:latest"', '"{project_name}-platform-test:latest"'),
     ("tests/stages/test_evaluate.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
     ("tests/stages/test_optimize.py", "gtsrb-classifier", "{registered_model_name}"),
-    ("tests/stages/test_prepare.py", 'experiment_names=["gtsrb"]', 'experiment_names=["{experiment}"]'),
     ("tests/test_monitoring.py", '"gtsrb-server"', '"{image_name}"'),
     ("tests/artifacts/test_artifacts.py", "gtsrb-server", "{image_name}"),
 ]

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny synthetic GTSRB in torchvision's layout, the real sample when configured."""
+"""Shared fixtures: small synthetic labelled images (and the demo's layout of them), the real sample when configured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from pipeline.config import parse_params
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.images import SyntheticImages, write_synthetic_images
 from tests.helpers.once import built_once
+from tests.helpers.params import on_test_data
 
 # `make test` runs the suite on three pytest-xdist workers: a file stays on one worker (its module fixtures are built
 # once), the tests that drive the Docker engine share one worker (image tags, the registry), the tests of files
@@ -52,7 +54,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def synthetic_images(tmp_path: Path) -> SyntheticImages:
+    """The tests' data: a folder of class folders (train/, test/) and a CSV over the same files with boxes."""
+    return write_synthetic_images(tmp_path / "raw")
+
+
+@pytest.fixture
 def synthetic_gtsrb(tmp_path: Path) -> Path:
+    """The demo's source: the same kind of images in torchvision's GTSRB layout."""
     return write_synthetic_gtsrb(tmp_path / "raw")
 
 
@@ -110,7 +119,7 @@ def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project folder after the real prepare -> train -> optimize stages on the tiny synthetic GTSRB:
+    """A project folder after the real prepare -> train -> optimize stages on the tests' synthetic images:
     data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume. Shared by
     the workers: read it, or copy it."""
 
@@ -121,11 +130,11 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
         from pipeline.stages import optimize, prepare, train
 
-        raw = write_synthetic_gtsrb(base / "raw", tracks_per_class=3, frames_per_track=3, test_per_class=3)
+        images = write_synthetic_images(base / "raw", groups_per_class=3, frames_per_group=3, test_per_class=3)
         work = base / "project"
         work.mkdir()
-        params = yaml.safe_load((REPO / "params.yaml").read_text())
-        params["data"].update({"source": "gtsrb", "root": str(raw), "download": False})
+        # the CSV over the images: its boxes give a served crop and its groups a split by object, as real data has
+        params = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), images.csv, "csv")
         params.setdefault("model", {}).update({"name": "signnet", "width": 8})
         params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
         params.setdefault("optimize", {}).update(
@@ -136,14 +145,9 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (work / "params.yaml").write_text(yaml.safe_dump(params))
         parsed = parse_params(params)
         with contextlib.chdir(work):
-            old = os.environ.pop("GTSRB_ROOT", None)
-            try:
-                prepare.run(parsed)
-                train.run(parsed)
-                optimize.run(parsed)
-            finally:
-                if old is not None:
-                    os.environ["GTSRB_ROOT"] = old
+            prepare.run(parsed)
+            train.run(parsed)
+            optimize.run(parsed)
 
     return built_once(tmp_path_factory, "tiny-project", build) / "project"
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import yaml
 
 from tests.helpers import REPO
+from tests.helpers.images import SyntheticImages
+from tests.helpers.params import on_test_data
 
 
 def demo_params(folder: Path, download: bool) -> None:
@@ -63,10 +65,11 @@ def test_missing_dataset_explains_where_to_get_it(tmp_path: Path) -> None:
     assert "GTSRB_ROOT" in result.stderr
 
 
-def test_prepare_runs_through_the_cli(synthetic_gtsrb: Path, tmp_path: Path) -> None:
-    demo_params(tmp_path, download=True)
-    env = dict(__import__("os").environ, GTSRB_ROOT=str(synthetic_gtsrb))
-    result = pipeline("prepare", cwd=tmp_path, env=env)
+def test_prepare_runs_through_the_cli(synthetic_images: SyntheticImages, tmp_path: Path) -> None:
+    raw = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), synthetic_images.folder)
+    raw["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    result = pipeline("prepare", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "data/prepared/manifest.json").is_file()
     assert "train" in result.stderr and "0 unreadable" in result.stderr

@@ -118,7 +118,7 @@ def test_the_site_builds_strict_and_its_pages_open_in_chromium(site: str) -> Non
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project copy after the real stages through the card on a tiny synthetic GTSRB and tiny params, MLflow
+    """A project copy after the real stages through the card on the tests' synthetic images and tiny params, MLflow
     tracking on (sqlite in the project): MLflow runs, reports/benchmark/table.md, models/serving.json,
     reports/model_card.md. The stages' own run() in one process, in dvc.yaml's order (`dvc repro card` runs the same
     entries, one process each: twice the time here)."""

@@ -12,7 +12,8 @@ import yaml
 from pipeline.artifacts.prepared import read_split
 from tests.helpers import REPO
 from tests.helpers.gtsrb import write_synthetic_gtsrb
-from tests.helpers.project import make_project, run, tiny_pipeline_params
+from tests.helpers.params import TEST_RECIPE
+from tests.helpers.project import link_raw_data, make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +93,10 @@ def test_gtsrb_root_elsewhere_than_the_tracked_folder_is_refused_under_dvc(
     """$GTSRB_ROOT naming another copy than data/raw (what dvc.yaml tracks) would make DVC blind to its changes:
     prepare refuses in one line that says how to link it."""
     work, env = project
+    link_raw_data(work, write_synthetic_gtsrb(tmp_path / "raw-gtsrb"))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())  # the demo's source, recipe and names
+    params["data"].update({"source": "gtsrb", "root": "data/raw", "download": False})
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "elsewhere")))
     result = subprocess.run([sys.executable, "-m", "dvc", "repro", "prepare"], cwd=work, env=env,
                             capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -227,7 +232,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
     for name in ("uv.lock", "pyproject.toml"):
         shutil.copy(REPO / name, work / name)
     params = yaml.safe_load((work / "params.yaml").read_text())
-    params["recipe"] = "gtsrb"  # 8 px digits: the small-network recipe, not the photos one
+    params["recipe"] = str(TEST_RECIPE)  # 8 px digits: the small-network recipe, not the photos one
     params["data"].update({"source": "folder", "root": str(digits), "download": False})
     params["model"].update({"width": 16, "members": 1})
     params["train"].update({"epochs": 15, "batch_size": 64, "nproc": 1, "checkpoint_every": 0})

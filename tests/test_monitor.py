@@ -136,10 +136,9 @@ def test_url_comes_from_option_env_or_params(project: Path, monkeypatch: pytest.
 
 def test_the_raw_source_sends_the_same_whole_files_as_the_prepared_originals(tiny_project: Path, project: Path) -> None:
     """`monitor.source: raw` lists the data source's own test split under data.root: the files prepare kept."""
-    raw = yaml.safe_load((tiny_project / "params.yaml").read_text())["data"]["root"]
+    data = parse_params(yaml.safe_load((tiny_project / "params.yaml").read_text())).data
     files, labels = monitor.labelled_images(params_for(project, images=0))
-    params = params_for(project, images=0, source="raw")
-    params = params.model_copy(update={"data": params.data.model_copy(update={"root": Path(raw)})})
+    params = params_for(project, images=0, source="raw").model_copy(update={"data": data})
     raw_files, raw_labels = monitor.labelled_images(params)
     np.testing.assert_array_equal(raw_labels, labels)
     assert raw_files == files

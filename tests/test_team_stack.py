@@ -65,7 +65,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     params["tracking"]["enabled"] = True
     # Queued experiments run in a fresh copy of the commit, without the git-ignored data/raw link: the raw data
     # is named by its absolute path there (or `dvc add`ed), as a user's sweep does it
-    params["data"]["root"] = str(Path(env["GTSRB_ROOT"]).resolve())
+    params["data"]["root"] = str((work / "data" / "raw").resolve())
     params["train"]["train_on_val"] = False  # a sweep chooses a recipe: validation held out, val_accuracy reported
     params["evaluate"]["max_drop"] = 1.0  # two tiny models on the sample: each passes its gate
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager

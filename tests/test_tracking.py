@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipeline.tracking import quiet_mlflow_logging
+from tests.helpers.images import SyntheticImages
 
 
 def _define_untyped_model() -> None:
@@ -35,7 +36,7 @@ def test_mlflows_advice_is_hidden_while_logging_and_other_warnings_are_not() -> 
 
 
 def test_a_store_mlflow_refuses_is_one_line_through_the_cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synthetic_gtsrb: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synthetic_images: SyntheticImages
 ) -> None:
     """MLFLOW_TRACKING_URI=file:… (MLflow 3 refuses the file store): the stage says so in one line and what to set,
     with no traceback, before it writes anything."""
@@ -47,7 +48,7 @@ def test_a_store_mlflow_refuses_is_one_line_through_the_cli(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    params = make_params(synthetic_gtsrb, tracking=True)
+    params = make_params(synthetic_images.folder, tracking=True)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
     result = CliRunner().invoke(app, ["prepare"])
     assert result.exit_code != 0 and "Traceback" not in result.output

@@ -20,11 +20,12 @@ from pipeline.config import ConfigError, parse_params
 from pipeline.errors import StageError
 from tests.helpers import REPO
 from tests.helpers.digits import write_digits_folder
+from tests.helpers.params import TEST_RECIPE
 
 
 def digits_params(work: Path, digits: Path, **tune_section: object) -> dict[str, object]:
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["recipe"] = "gtsrb"  # tiny images: the small-network recipe, not the photos one
+    raw["recipe"] = str(TEST_RECIPE)  # tiny images: the small-network recipe, not the photos one
     raw["data"].update({"source": "folder", "root": str(digits), "image_size": 8, "download": False})
     raw["model"].update({"width": 8, "members": 1})
     raw["train"].update({"batch_size": 64, "threads": 1})

@@ -1,9 +1,13 @@
+import json
 from pathlib import Path
 
 import pytest
 
+from pipeline.artifacts.prepared import read_split
 from pipeline.data.gtsrb import CLASS_NAMES, list_split
 from pipeline.errors import StageError
+from pipeline.stages import prepare
+from tests.helpers.params import make_params
 
 
 def test_class_names() -> None:
@@ -60,3 +64,58 @@ def test_a_missing_test_csv_is_one_line(synthetic_gtsrb: Path) -> None:
     (synthetic_gtsrb / "gtsrb" / "GT-final_test.csv").unlink()
     with pytest.raises(StageError, match="GTSRB test labels unreadable"):
         list_split(synthetic_gtsrb, "test")
+
+
+def test_the_demos_prepare_imports_no_torch(synthetic_gtsrb: Path, workdir: Path) -> None:
+    """prepare reads, frames and writes images: torch (seconds of imports in every `dvc repro`) is for the stages
+    that run a network, or for a library network's pretrained filter (`data.interpolation: auto`)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.params import write_params_yaml
+
+    write_params_yaml(workdir / "params.yaml", make_params(synthetic_gtsrb, source="gtsrb", image_size=16))
+    script = "import sys\nfrom pipeline.config import load_params\nfrom pipeline.stages import prepare\n"
+    script += "prepare.run(load_params())\nprint(sorted({'torch', 'torchvision'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    manifest = json.loads((workdir / "data/prepared/manifest.json").read_text())
+    assert manifest["subject"]["one"].startswith("traffic sign")  # the source's words reach the model card
+
+
+@pytest.mark.integration
+def test_prepare_on_real_gtsrb(real_gtsrb_root: Path, workdir: Path) -> None:
+    prepare.run(make_params(real_gtsrb_root, source="gtsrb"))
+    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    splits = manifest["splits"]
+    train, val = read_split("train", Path("data/prepared")), read_split("val", Path("data/prepared"))
+    assert manifest["bad_images"]["count"] == 0
+    assert splits["test"]["count"] >= 645
+    assert all(n > 0 for n in splits["val"]["per_class"])  # every class has a held-out track
+    assert not set(train.tracks.tolist()) & set(val.tracks.tolist())
+    assert 0.05 < len(val.labels) / (len(train.labels) + len(val.labels)) < 0.2
+    # Real photos: the per-channel statistics are those of GTSRB, not of noise.
+    assert all(0.2 < m < 0.5 for m in manifest["mean"])
+
+
+def test_a_csv_with_boxes_gets_the_same_served_crop_as_the_source_that_states_sizes(synthetic_gtsrb: Path) -> None:
+    """`crop: auto` from a CSV's boxes: its image sizes come from the files' headers, so the same images and boxes
+    as a CSV give the crop the demo's source (which states sizes) gives."""
+    from pipeline.data.listing import list_csv
+    from pipeline.data.sources import lister
+
+    demo = lister("gtsrb")(synthetic_gtsrb, False)
+    rows = ["path,label,group,box,split"]
+    for split, files in (("train", demo.train), ("test", demo.test or [])):
+        for f in files:
+            group = f"{f.label}-{f.track}" if f.track >= 0 else ""
+            box = " ".join(map(str, f.box)) if f.box else ""
+            rows.append(f"{f.path.relative_to(synthetic_gtsrb)},{f.label},{group},{box},{split}")
+    (synthetic_gtsrb / "labels.csv").write_text("\n".join(rows) + "\n")
+    listed = list_csv(synthetic_gtsrb / "labels.csv")
+    assert all(f.size is None and f.box is not None for f in listed.train)  # a CSV states no sizes
+    config = make_params(synthetic_gtsrb, source="gtsrb", crop="auto").data
+    crop = prepare.served_crop(listed.train, config)
+    assert crop == prepare.served_crop(demo.train, config) and min(crop) > 0
+    assert prepare.served_crop(listed.train, config.model_copy(update={"crop": "none"})) == prepare.NO_CROP

@@ -1,21 +1,36 @@
-"""Params for tests: the repo's params.yaml with overrides, or seconds-long training runs (tracking off)."""
+"""Params for tests: the repo's params.yaml on the tests' synthetic images (or the data given), or seconds-long
+training runs (tracking off)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Params, TrackingConfig, parse_params
+from pipeline.config import NAMED_KEYS, Params, TrackingConfig, parse_params
 from tests.helpers import REPO
 
+TEST_RECIPE = REPO / "tests" / "helpers" / "recipe.yaml"
+SYNTHETIC_NAME = "signs"  # the run's name on the tests' images, whatever names the project's params.yaml gives
 
-def make_params(root: Path, tracking: bool = False, **data: object) -> Params:
-    """Params for a test run: the repo's params.yaml on the demo source (a synthetic or real GTSRB at `root`, as the
-    tests' data is whatever a project chose) with overrides applied."""
+
+def on_test_data(raw: dict[str, Any], root: Path | str, source: str = "folder", **data: object) -> dict[str, Any]:
+    """`raw` (params.yaml's mapping) reading `root` as `source`, with the tests' recipe and names. The demo's own
+    source (its tests) keeps its recipe and names: `recipe: auto` picks them."""
+    raw["data"].update({"source": source, "root": str(root), "download": False, **data})
+    if source in ("folder", "csv"):
+        raw["recipe"] = str(TEST_RECIPE)
+        raw["name"] = SYNTHETIC_NAME
+        for section, key in NAMED_KEYS:
+            raw.setdefault(section, {})[key] = ""
+    return raw
+
+
+def make_params(root: Path, tracking: bool = False, source: str = "folder", **data: object) -> Params:
+    """Params for a test run: the repo's params.yaml on the data at `root` (the tests' synthetic images, or the
+    demo's data with source="gtsrb") with overrides applied."""
     import yaml
 
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["data"].update({"source": "gtsrb", "root": str(root), "download": False, **data})
+    raw = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), root, source, **data)
     raw["tracking"] = TrackingConfig(enabled=tracking).model_dump()
     return parse_params(raw)
 
@@ -26,6 +41,7 @@ def train_params(**train: Any) -> Params:
     train on it too, the shipped default), so the step counts are the training split's."""
     augment = {"enabled": train.pop("augment")} if "augment" in train else {}
     raw: dict[str, Any] = {
+        "recipe": str(TEST_RECIPE),
         "model": {"name": "signnet", "width": 8, "members": 1},
         "train": {"epochs": 2, "batch_size": 32, "checkpoint_every": 3, "threads": 1, "train_on_val": False, **train},
         "augment": augment,

@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from tests.helpers import REPO
-from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers.images import write_synthetic_images
+from tests.helpers.params import on_test_data
 
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
                 "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
@@ -22,37 +23,32 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
 
 
 def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh git + DVC copy of the project on small synthetic GTSRB images (the tests that need real images
-    say so: `real_gtsrb_root`)."""
+    """A fresh git + DVC copy of the project on the tests' small synthetic images, linked at data/raw (the tests
+    that need real images say so: `real_gtsrb_root`)."""
     work = tmp_path / "project"
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has
         shutil.copy(REPO / name, work / name)
     shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    root = write_synthetic_gtsrb(tmp_path / "raw")
+    images = write_synthetic_images(tmp_path / "raw")
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
     env.pop("MLFLOW_TRACKING_URI", None)
-    env = use_gtsrb(work, env, root)
+    link_raw_data(work, images.folder)
+    params = on_test_data(yaml.safe_load((work / "params.yaml").read_text()), "data/raw")
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
     run(["git", "init", "-q"], work, env)
     run([sys.executable, "-m", "dvc", "init", "-q"], work, env)
     return work, env
 
 
-def use_gtsrb(work: Path, env: dict[str, str], root: Path) -> dict[str, str]:
-    """Point the project's GTSRB at `root` as `make pipeline` does (scripts/raw-data.sh): data/raw, the folder
-    dvc.yaml tracks, links to it, and $GTSRB_ROOT names it. params.yaml reads the demo source there (a project made
-    from the template may have chosen another; the tests' data is the demo's)."""
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    if (params["data"]["source"], params["data"]["root"]) != ("gtsrb", "data/raw"):
-        params["data"].update({"source": "gtsrb", "root": "data/raw"})
-        (work / "params.yaml").write_text(yaml.safe_dump(params))
+def link_raw_data(work: Path, root: Path) -> None:
+    """data/raw, the folder dvc.yaml tracks (`${data.root}`), as a link to `root`, as users link a copy elsewhere."""
     raw = work / "data" / "raw"
     raw.parent.mkdir(parents=True, exist_ok=True)
     if raw.is_symlink():
         raw.unlink()
     raw.symlink_to(root.resolve(), target_is_directory=True)
-    return dict(env, GTSRB_ROOT=str(root))
 
 
 def tiny_pipeline_params(work: Path) -> None:

@@ -205,14 +205,17 @@ def test_a_record_of_another_variant_is_refused(project_copy: Path) -> None:
 
 
 def test_the_card_says_what_the_images_show_when_the_data_source_does(benchmarked_project: Path) -> None:
-    """The demo's source describes its images (what one shows, what it was not tested on); a folder of yours is
-    described by its classes: the card's words come from the data, not from the data set's name."""
+    """A source may describe its images (what one shows, what it was not tested on: DataSubject); a folder of yours
+    is described by its classes: the card's words come from the data, not from the data set's name."""
     from pipeline.artifacts import model_card
+    from pipeline.artifacts.prepared import DataSubject
 
     card = model_card.read(benchmarked_project / "reports" / model_card.FACTS_PATH.name)
-    assert card.data.subject is not None  # prepare carried the source's description into the manifest
-    demo = model_card.render(card)
-    assert "Classify a photo of one traffic sign" in demo and "not been tested on other countries' signs" in demo
-    plain = model_card.render(card.model_copy(update={"data": card.data.model_copy(update={"subject": None})}))
+    assert card.data.subject is None  # a CSV says nothing of what its images show
+    subject = DataSubject(one="bird, centred", groups="sightings", group_is="birds", untested="night photos")
+    described = card.model_copy(update={"data": card.data.model_copy(update={"subject": subject})})
+    demo = model_card.render(described)
+    assert "Classify a photo of one bird, centred" in demo and "not been tested on night photos" in demo
+    plain = model_card.render(card)
     assert "Classify a photo of one" not in plain and "other countries" not in plain
     assert f"into one of the {card.num_classes} classes of `{card.data.dataset}`" in plain

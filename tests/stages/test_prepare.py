@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts.prepared import read_split
-from pipeline.data.gtsrb import list_split
+from pipeline.config import Params
+from pipeline.data.listing import list_csv
 from pipeline.errors import StageError
 from pipeline.stages import prepare
+from tests.helpers.images import SyntheticImages
 from tests.helpers.params import make_params
 
 
@@ -20,9 +22,19 @@ def _snapshot(folder: Path) -> dict[str, float]:
     return {str(p.relative_to(folder)): p.stat().st_mtime for p in folder.rglob("*")}
 
 
-def test_prepare_writes_arrays_manifest_and_reports(synthetic_gtsrb: Path, workdir: Path) -> None:
-    raw_before = _snapshot(synthetic_gtsrb)
-    prepare.run(make_params(synthetic_gtsrb, image_size=24, val_fraction=0.34))
+@pytest.fixture
+def labels_csv(synthetic_images: SyntheticImages) -> Path:
+    """The tests' images as a CSV with each object's box and group (frames of one object) and a test split."""
+    return synthetic_images.csv
+
+
+def csv_params(path: Path, tracking: bool = False, **data: object) -> Params:
+    return make_params(path, tracking, source="csv", **data)
+
+
+def test_prepare_writes_arrays_manifest_and_reports(labels_csv: Path, workdir: Path) -> None:
+    raw_before = _snapshot(labels_csv.parent)
+    prepare.run(csv_params(labels_csv, image_size=24, val_fraction=0.34))
 
     train, val, test = _load("train"), _load("val"), _load("test")
     assert train["images"].shape[1:] == (24, 24, 3) and train["images"].dtype == np.uint8
@@ -30,36 +42,20 @@ def test_prepare_writes_arrays_manifest_and_reports(synthetic_gtsrb: Path, workd
     assert len(test["labels"]) == 86
     manifest = json.loads(Path("data/prepared/manifest.json").read_text())
     assert manifest["image_size"] == 24 and len(manifest["classes"]) == 43
-    assert manifest["splits"]["val"]["per_class"] == [2] * 43  # one of three tracks per class, 2 frames each
+    assert manifest["splits"]["val"]["per_class"] == [2] * 43  # one of three groups per class, 2 frames each
     assert len(manifest["mean"]) == 3 and all(0 < s < 1 for s in manifest["std"])
     assert len(manifest["content_sha256"]) == 64
     metrics = json.loads(Path("reports/prepare/metrics.json").read_text())
     assert metrics["bad_images"] == 0 and metrics["test_images"] == 86
     assert Path("reports/prepare/class_distribution.csv").read_text().count("\n") == 44
     # The stage wrote only its outputs: the dataset is untouched and no stray files appear.
-    assert _snapshot(synthetic_gtsrb) == raw_before
+    assert _snapshot(labels_csv.parent) == raw_before
     assert sorted(p.name for p in workdir.iterdir()) == ["data", "reports"]
     assert sorted(p.name for p in (workdir / "data").iterdir()) == ["prepared"]
 
 
-def test_the_demos_prepare_imports_no_torch(synthetic_gtsrb: Path, workdir: Path) -> None:
-    """prepare reads, frames and writes images: torch (seconds of imports in every `dvc repro`) is for the stages
-    that run a network, or for a library network's pretrained filter (`data.interpolation: auto`)."""
-    import subprocess
-    import sys
-
-    from tests.helpers.params import write_params_yaml
-
-    write_params_yaml(workdir / "params.yaml", make_params(synthetic_gtsrb, image_size=16))
-    script = "import sys\nfrom pipeline.config import load_params\nfrom pipeline.stages import prepare\n"
-    script += "prepare.run(load_params())\nprint(sorted({'torch', 'torchvision'} & set(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", script], cwd=workdir, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
-def test_crop_follows_the_roi_box(synthetic_gtsrb: Path, workdir: Path) -> None:
-    prepare.run(make_params(synthetic_gtsrb, image_size=16, roi_margin=0.0))
+def test_crop_follows_the_roi_box(labels_csv: Path, workdir: Path) -> None:
+    prepare.run(csv_params(labels_csv, image_size=16, roi_margin=0.0))
     images, labels = _load("test")["images"], _load("test")["labels"]
     # With no margin the crop is the class-coloured square only: the centre equals the edge colour.
     label = int(labels[0])
@@ -68,54 +64,54 @@ def test_crop_follows_the_roi_box(synthetic_gtsrb: Path, workdir: Path) -> None:
     assert np.abs(images[0][0, 0].astype(int) - expected).max() <= 2
 
 
-def test_validation_split_never_shares_a_track_with_train(synthetic_gtsrb: Path, workdir: Path) -> None:
-    prepare.run(make_params(synthetic_gtsrb, val_fraction=0.34))
+def test_validation_split_never_shares_a_group_with_train(labels_csv: Path, workdir: Path) -> None:
+    prepare.run(csv_params(labels_csv, val_fraction=0.34))
     train_tracks = set(_load("train")["tracks"].tolist())
     val_tracks = set(_load("val")["tracks"].tolist())
     assert val_tracks and not train_tracks & val_tracks
     assert set(_load("val")["labels"].tolist()) == set(range(43))  # stratified: every class in val
 
 
-def test_split_is_deterministic_for_a_seed(synthetic_gtsrb: Path) -> None:
-    files = list_split(synthetic_gtsrb, "train")
+def test_split_is_deterministic_for_a_seed(labels_csv: Path) -> None:
+    files = list_csv(labels_csv).train
     assert prepare.split_by_track(files, 0.34, 1) == prepare.split_by_track(files, 0.34, 1)
     assert prepare.split_by_track(files, 0.34, 1) != prepare.split_by_track(files, 0.34, 2)
 
 
-def _corrupt(root: Path, count: int) -> list[Path]:
-    victims = sorted((root / "gtsrb" / "GTSRB" / "Training").rglob("*.ppm"))[:count]
+def _corrupt(csv: Path, count: int) -> list[Path]:
+    victims = sorted((csv.parent / "train").rglob("*.png"))[:count]
     for path in victims:
-        path.write_bytes(path.read_bytes()[:20])  # truncated mid-header
+        path.write_bytes(path.read_bytes()[:60])  # truncated in the pixel data: each its own bytes
     return victims
 
 
-def test_corrupt_images_are_counted_not_fatal(synthetic_gtsrb: Path, workdir: Path) -> None:
-    victims = _corrupt(synthetic_gtsrb, 2)
-    prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+def test_corrupt_images_are_counted_not_fatal(labels_csv: Path, workdir: Path) -> None:
+    victims = _corrupt(labels_csv, 2)
+    prepare.run(csv_params(labels_csv, max_bad_fraction=0.05))
     manifest = json.loads(Path("data/prepared/manifest.json").read_text())
     assert manifest["bad_images"]["count"] == 2
-    assert manifest["bad_images"]["files"] == [f"00000/{v.name}" for v in victims]
+    assert manifest["bad_images"]["files"] == [f"00/{v.name}" for v in victims]
     total = len(_load("train")["labels"]) + len(_load("val")["labels"])
     assert total == 43 * 6 - 2
-    assert "00000/00000_00000.ppm" in Path("reports/prepare/bad_images.txt").read_text()
+    assert "00/00_00.png" in Path("reports/prepare/bad_images.txt").read_text()
 
 
-def test_too_many_corrupt_images_fail_and_keep_previous_outputs(synthetic_gtsrb: Path, workdir: Path) -> None:
-    prepare.run(make_params(synthetic_gtsrb))
+def test_too_many_corrupt_images_fail_and_keep_previous_outputs(labels_csv: Path, workdir: Path) -> None:
+    prepare.run(csv_params(labels_csv))
     before = Path("data/prepared/manifest.json").read_text()
-    _corrupt(synthetic_gtsrb, 30)
+    _corrupt(labels_csv, 30)
     with pytest.raises(StageError, match=r"\d+ of 344 images are unreadable .* data.max_bad_fraction"):
-        prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+        prepare.run(csv_params(labels_csv, max_bad_fraction=0.05))
     assert Path("data/prepared/manifest.json").read_text() == before
     assert sorted(p.name for p in Path("data").iterdir()) == ["prepared"]  # no staging folder left
 
 
-def test_prepare_logs_to_mlflow(synthetic_gtsrb: Path, workdir: Path) -> None:
+def test_prepare_logs_to_mlflow(labels_csv: Path, workdir: Path) -> None:
     import mlflow
 
-    prepare.run(make_params(synthetic_gtsrb, tracking=True))
+    prepare.run(csv_params(labels_csv, tracking=True))
     mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["gtsrb"], output_format="list")
+    runs = mlflow.search_runs(experiment_names=["signs"], output_format="list")
     (run,) = [r for r in runs if r.data.tags.get("stage") == "prepare"]
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and len(runs) == 2
@@ -125,46 +121,30 @@ def test_prepare_logs_to_mlflow(synthetic_gtsrb: Path, workdir: Path) -> None:
     assert {"manifest.json", "class_distribution.csv"} <= artifacts
 
 
-@pytest.mark.integration
-def test_prepare_on_real_gtsrb(real_gtsrb_root: Path, workdir: Path) -> None:
-    prepare.run(make_params(real_gtsrb_root))
-    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
-    splits = manifest["splits"]
-    train, val = _load("train"), _load("val")
-    assert manifest["bad_images"]["count"] == 0
-    assert splits["test"]["count"] >= 645
-    assert all(n > 0 for n in splits["val"]["per_class"])  # every class has a held-out track
-    assert not set(train["tracks"].tolist()) & set(val["tracks"].tolist())
-    assert 0.05 < len(val["labels"]) / (len(train["labels"]) + len(val["labels"])) < 0.2
-    # Real photos: the per-channel statistics are those of GTSRB, not of noise.
-    assert all(0.2 < m < 0.5 for m in manifest["mean"])
-
-
-def test_the_test_splits_original_files_go_along_byte_for_byte(synthetic_gtsrb: Path, workdir: Path) -> None:
+def test_the_test_splits_original_files_go_along_byte_for_byte(labels_csv: Path, workdir: Path) -> None:
     """What a user sends the server is the whole original file: prepare keeps each kept test image's file, in
     the arrays' order, so evaluate can measure exactly that (a corrupt test file is skipped in both)."""
     from pipeline.artifacts.prepared import read_test_files
 
-    test_dir = synthetic_gtsrb / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
-    (test_dir / "00003.ppm").write_bytes(b"P6 not really")
-    prepare.run(make_params(synthetic_gtsrb, max_bad_fraction=0.05))
+    broken = labels_csv.parent / "test" / "01" / "01.png"
+    broken.write_bytes(b"\x89PNG not really")
+    prepare.run(csv_params(labels_csv, max_bad_fraction=0.05))
     files = read_test_files(Path("data/prepared"))
     labels = _load("test")["labels"].tolist()
     assert len(files) == len(labels) == 43 * 2 - 1
     assert [f.label for f in files] == labels
-    assert "00003.ppm" not in [f.path.name for f in files]
-    for f in files:
-        assert f.read_bytes() == (test_dir / f.path.name).read_bytes()
+    originals = [p for p in list_csv(labels_csv).test or [] if p.path != broken]
+    assert [f.read_bytes() for f in files] == [o.path.read_bytes() for o in originals]
 
 
-def test_shard_size_changes_how_it_is_stored_not_what_is_read(synthetic_gtsrb: Path, workdir: Path) -> None:
+def test_shard_size_changes_how_it_is_stored_not_what_is_read(labels_csv: Path, workdir: Path) -> None:
     """One 1 MB shard holds 85 images at 64 px: the training split becomes several shards, each image written
     while decoding (no split in memory), and every byte read back, the content hash and the mean/std equal what
     one shard per split gives."""
-    prepare.run(make_params(synthetic_gtsrb, image_size=64, shard_mb=64))
+    prepare.run(csv_params(labels_csv, image_size=64, shard_mb=64))
     one = json.loads(Path("data/prepared/manifest.json").read_text())
     single = {split: _load(split) for split in ("train", "val", "test")}
-    prepare.run(make_params(synthetic_gtsrb, image_size=64, shard_mb=1))
+    prepare.run(csv_params(labels_csv, image_size=64, shard_mb=1))
     many = json.loads(Path("data/prepared/manifest.json").read_text())
     assert [s["count"] for s in one["splits"]["train"]["shards"]] == [one["splits"]["train"]["count"]]
     counts = [s["count"] for s in many["splits"]["train"]["shards"]]
@@ -177,7 +157,7 @@ def test_shard_size_changes_how_it_is_stored_not_what_is_read(synthetic_gtsrb: P
 
 
 def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served_framing(
-    synthetic_gtsrb: Path, workdir: Path
+    labels_csv: Path, workdir: Path
 ) -> None:
     """data.interpolation: auto: timm's networks and torchvision's efficientnet_b0 were made with bicubic, resnet18
     and our own networks with bilinear; the prepared arrays are made with it and the manifest's served framing
@@ -187,7 +167,7 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     from pipeline.preprocess import Framing
 
     def prepared_with(model: str, interpolation: str = "auto") -> tuple[Framing, np.ndarray]:
-        base = make_params(synthetic_gtsrb, image_size=24, interpolation=interpolation)
+        base = csv_params(labels_csv, image_size=24, interpolation=interpolation)
         prepare.run(parse_params({**base.model_dump(mode="json"), "model": {"name": model}}))
         return read_manifest(Path("data/prepared")).served_framing(), _load("test")["images"]
 
@@ -201,27 +181,5 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     chosen, pixels = prepared_with("torchvision/efficientnet_b0", "bilinear")  # an explicit choice wins
     assert chosen.interpolation == "bilinear" and np.array_equal(pixels, bilinear)
     assert not chosen.reduced_jpeg_decode
-    prepare.run(make_params(synthetic_gtsrb, image_size=24, reduced_jpeg_decode=True))
+    prepare.run(csv_params(labels_csv, image_size=24, reduced_jpeg_decode=True))
     assert read_manifest(Path("data/prepared")).served_framing().reduced_jpeg_decode
-
-
-def test_a_csv_with_boxes_gets_the_same_served_crop_as_the_source_that_states_sizes(synthetic_gtsrb: Path) -> None:
-    """`crop: auto` from a CSV's boxes: its image sizes come from the files' headers, so the same images and boxes
-    as a CSV give the crop the demo's source (which states sizes) gives."""
-    from pipeline.data.listing import list_csv
-    from pipeline.data.sources import lister
-
-    demo = lister("gtsrb")(synthetic_gtsrb, False)
-    rows = ["path,label,group,box,split"]
-    for split, files in (("train", demo.train), ("test", demo.test or [])):
-        for f in files:
-            group = f"{f.label}-{f.track}" if f.track >= 0 else ""
-            box = " ".join(map(str, f.box)) if f.box else ""
-            rows.append(f"{f.path.relative_to(synthetic_gtsrb)},{f.label},{group},{box},{split}")
-    (synthetic_gtsrb / "labels.csv").write_text("\n".join(rows) + "\n")
-    listed = list_csv(synthetic_gtsrb / "labels.csv")
-    assert all(f.size is None and f.box is not None for f in listed.train)  # a CSV states no sizes
-    config = make_params(synthetic_gtsrb, crop="auto").data
-    crop = prepare.served_crop(listed.train, config)
-    assert crop == prepare.served_crop(demo.train, config) and min(crop) > 0
-    assert prepare.served_crop(listed.train, config.model_copy(update={"crop": "none"})) == prepare.NO_CROP
