@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_params
-from tests.helpers import REPO
-from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers import DATA_ROOT_ENVS, REPO
 from tests.helpers.images import SyntheticImages, write_synthetic_images
 from tests.helpers.once import built_once
 from tests.helpers.params import on_test_data
@@ -19,8 +18,10 @@ from tests.helpers.params import on_test_data
 # without module fixtures whose tests are each a whole pipeline run spread one by one, and the longest files start
 # first so that no worker waits alone at the end.
 ENGINE_TESTS = ("tests/ship/", "tests/test_dvc.py::test_your_own_folder_of_images_through_deploy")
+ACT_TESTS = ("tests/test_act.py", "tests/demo/test_pipeline_workflow.py")  # one act run at a time
 ONE_BY_ONE = ("tests/test_dvc.py",)
-LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/test_act.py",
+LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/demo/test_pipeline_workflow.py",
+                 "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -36,6 +37,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(ENGINE_TESTS):
                 return "docker-engine"
+            if nodeid.startswith(ACT_TESTS):
+                return "act"
             return nodeid if nodeid.startswith(ONE_BY_ONE) else nodeid.split("::", 1)[0]
 
     return ByFile(config, log)
@@ -60,41 +63,41 @@ def synthetic_images(tmp_path: Path) -> SyntheticImages:
 
 
 @pytest.fixture
-def synthetic_gtsrb(tmp_path: Path) -> Path:
-    """The demo's source: the same kind of images in torchvision's GTSRB layout."""
-    return write_synthetic_gtsrb(tmp_path / "raw")
-
-
-@pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project directory as the working directory (stages write relative to it)."""
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.delenv("GTSRB_ROOT", raising=False)
+    for variable in DATA_ROOT_ENVS:  # a source's other copy (CI's sample) is for the tests that ask for it
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return work
 
 
-@pytest.fixture
-def real_gtsrb_root() -> Path:
-    """The real GTSRB copy named by $GTSRB_ROOT (CI points it at the shared sample), else skip."""
-    value = os.environ.get("GTSRB_ROOT")
-    if not value:
-        pytest.skip("no real GTSRB configured: set GTSRB_ROOT to a copy in torchvision's layout")
-    root = Path(value)
-    if not (root / "gtsrb" / "GTSRB" / "Training").is_dir():
-        pytest.skip(f"GTSRB_ROOT={value} does not hold gtsrb/GTSRB/Training")
-    return root
+# The project's real sample (the template: the demo's, tests/helpers/demo.py): these skip where there is none.
+@pytest.fixture(scope="session")
+def real_sample_data() -> tuple[str, Path]:
+    """(data.source, data.root) of a small real data set."""
+    pytest.skip("no real sample data in this project")
 
 
 @pytest.fixture(scope="session")
-def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project folder after the real prepare -> train (6 epochs, batch 64) on the real sample ($GTSRB_ROOT), made
-    once for the tests that need a model of real images (copy it: `shutil.copytree(..., symlinks=True)`)."""
-    value = os.environ.get("GTSRB_ROOT")
-    if not value or not (Path(value) / "gtsrb" / "GTSRB" / "Training").is_dir():
-        pytest.skip("no real GTSRB configured: set GTSRB_ROOT to a copy in torchvision's layout")
+def real_sample_test_files() -> list[Path]:
+    """The real sample's test image files, as users send them."""
+    pytest.skip("no real sample data in this project")
+
+
+@pytest.fixture(scope="session")
+def real_photo_folder() -> Path:
+    """A folder of real photos (class folders; JPEG and PNG, several sizes, some grey) made from the sample."""
+    pytest.skip("no real sample data in this project")
+
+
+@pytest.fixture(scope="session")
+def real_sample_trained(real_sample_data: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder after the real prepare -> train (6 epochs, batch 64) on the real sample, made once for the
+    tests that need a model of real images (copy it: `shutil.copytree(..., symlinks=True)`)."""
+    source, root = real_sample_data
 
     def build(base: Path) -> None:
         import contextlib
@@ -106,7 +109,7 @@ def real_sample_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
         work = base / "project"
         work.mkdir()
         raw = yaml.safe_load((REPO / "params.yaml").read_text())
-        raw["data"].update({"source": "gtsrb", "root": str(Path(value).resolve()), "download": False})
+        raw["data"].update({"source": source, "root": str(root.resolve()), "download": False})
         raw["train"].update({"epochs": 6, "batch_size": 64, "checkpoint_every": 0})
         raw["tracking"] = {"enabled": False}
         (work / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -179,3 +182,7 @@ def benchmarked_project(tiny_project: Path, tmp_path_factory: pytest.TempPathFac
             card.run(parse_params(raw))
 
     return built_once(tmp_path_factory, "benchmarked-project", build) / "project"
+
+
+if (Path(__file__).parent / "helpers" / "demo.py").is_file():  # the template's demo data set: its real fixtures
+    from tests.helpers.demo import *  # noqa: F403

@@ -12,15 +12,6 @@ from tests.helpers.images import SyntheticImages
 from tests.helpers.params import on_test_data
 
 
-def demo_params(folder: Path, download: bool) -> None:
-    """The repo's params.yaml into `folder`, tracking off, on the demo source under data/raw (a project made from the
-    template may read its own data)."""
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["data"].update({"source": "gtsrb", "root": "data/raw", "download": download})
-    raw["tracking"]["enabled"] = False
-    (folder / "params.yaml").write_text(yaml.safe_dump(raw))
-
-
 def pipeline(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
@@ -55,16 +46,6 @@ def test_typo_in_key_names_it(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_missing_dataset_explains_where_to_get_it(tmp_path: Path) -> None:
-    demo_params(tmp_path, download=False)
-    env = {k: v for k, v in __import__("os").environ.items() if k != "GTSRB_ROOT"}
-    result = pipeline("prepare", cwd=tmp_path, env=env)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert "GTSRB train split not found under data/raw" in result.stderr
-    assert "GTSRB_ROOT" in result.stderr
-
-
 def test_prepare_runs_through_the_cli(synthetic_images: SyntheticImages, tmp_path: Path) -> None:
     raw = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), synthetic_images.folder)
     raw["tracking"]["enabled"] = False
@@ -73,3 +54,12 @@ def test_prepare_runs_through_the_cli(synthetic_images: SyntheticImages, tmp_pat
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "data/prepared/manifest.json").is_file()
     assert "train" in result.stderr and "0 unreadable" in result.stderr
+
+
+def test_missing_data_is_one_line_that_names_it(tmp_path: Path) -> None:
+    raw = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), "data/raw")
+    raw["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    result = pipeline("prepare", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "data.root data/raw is not a folder" in result.stderr

@@ -71,14 +71,6 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
         load_params(tmp_path / "missing.yaml")
 
 
-def test_gtsrb_root_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = parse_params({"data": {"source": "gtsrb", "root": "data/raw"}}).data
-    monkeypatch.delenv("GTSRB_ROOT", raising=False)
-    assert config.resolved_root() == Path("data/raw")
-    monkeypatch.setenv("GTSRB_ROOT", "/elsewhere")
-    assert config.resolved_root() == Path("/elsewhere")
-
-
 def test_params_yaml_and_the_config_defaults_are_one_set() -> None:
     """A key params.yaml writes out means what config.py's default says; a key it leaves to the recipe (~) is set by
     every built-in recipe; and params.yaml spells out every key, so it documents the whole configuration."""
@@ -104,7 +96,7 @@ def test_params_yaml_and_the_config_defaults_are_one_set() -> None:
     left_to_recipe = {f"{s}.{k}" for s, fields in raw.items() if isinstance(fields, dict)
                       for k, v in fields.items() if v is None}  # fmt: skip
     assert len(left_to_recipe) > 10
-    assert set(recipe_names()) >= {"gtsrb", "photos"}
+    assert "photos" in recipe_names()
     for recipe in recipe_names():
         layer = read_recipe(recipe)
         keys = {f"{s}.{k}" for s, fields in layer.items() for k in fields}
@@ -124,22 +116,17 @@ def _raw(**data: object) -> dict[str, object]:
 
 
 def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> None:
-    demo = parse_params(_raw(source="gtsrb", root="data/raw"))
-    assert (demo.recipe, demo.data.image_size, demo.model.name, demo.model.members) == ("gtsrb", 32, "signnet", 2)
-    assert demo.evaluate.min_accuracy == 0.985
     photos = parse_params(_raw(source="folder", root=str(tmp_path / "pets")))
     assert photos.recipe == "photos"
     assert photos.data.image_size > 32 and photos.data.resize == "pad" and photos.augment.hflip
     assert photos.evaluate.min_accuracy == 0.0 and not photos.train.train_on_val
-    forced = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": "gtsrb"})
-    assert (forced.recipe, forced.data.image_size, forced.model.members) == ("gtsrb", 32, 2)
     # A recipe of your own: a YAML file of params.yaml's sections.
     mine = tmp_path / "mine.yaml"
     mine.write_text("data:\n  image_size: 48\nmodel:\n  members: 3\n")
     own = parse_params({**_raw(source="folder", root=str(tmp_path / "pets")), "recipe": str(mine)})
     assert (own.data.image_size, own.model.members, own.model.name) == (48, 3, photos.model.name)
     with pytest.raises(ConfigError, match="neither a built-in recipe"):
-        parse_params({**_raw(source="gtsrb"), "recipe": "nope"})
+        parse_params({**_raw(source="folder"), "recipe": "nope"})
 
 
 def test_a_key_you_set_wins_over_the_recipe(tmp_path: Path) -> None:
@@ -186,12 +173,7 @@ def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:
     names = [params.name, params.tracking.experiment, params.tracking.registered_model_name, params.serve.model_name,
              params.serve.title, params.containerize.image, params.deploy.container_name]  # fmt: skip
     assert names == ["pets", "pets", "pets-classifier", "pets", "pets image classifier", "pets-server", "pets-server"]
-    assert "gtsrb" not in repr(params.model_dump(exclude={"data"}))
     named = parse_params({**_raw(source="folder", root=str(folder)), "name": "flowers"})
     assert (named.tracking.registered_model_name, named.containerize.image) == ("flowers-classifier", "flowers-server")
-    demo = parse_params(_raw(source="gtsrb", root="data/raw"))
-    n = demo.name  # the demo's data: its own name, and the demo's names made from it
-    assert (demo.serve.model_name, demo.tracking.registered_model_name, demo.containerize.image) == (
-        n, f"{n}-classifier", f"{n}-server")  # fmt: skip
     with pytest.raises(ConfigError, match="name"):
-        parse_params({**_raw(source="gtsrb"), "name": "Not A Name"})
+        parse_params({**_raw(source="folder", root=str(folder)), "name": "Not A Name"})

@@ -97,7 +97,7 @@ def test_a_reference_with_other_buckets_is_refused() -> None:
         drift.from_reference(changed)
 
 
-# ------------------------------------------------------------------------------ real GTSRB, a real server
+# ------------------------------------------------------------------------------ the real sample, a real server
 
 
 def _send(url: str, files: list[bytes]) -> None:

@@ -10,10 +10,9 @@ import pytest
 import yaml
 
 from pipeline.artifacts.prepared import read_split
-from tests.helpers import REPO
-from tests.helpers.gtsrb import write_synthetic_gtsrb
+from tests.helpers import DATA_ROOT_ENVS, REPO
 from tests.helpers.params import TEST_RECIPE
-from tests.helpers.project import link_raw_data, make_project, run, tiny_pipeline_params
+from tests.helpers.project import make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
@@ -50,14 +49,14 @@ def test_repro_prepare_caches_and_reruns_on_param_change(project: tuple[Path, di
 def test_the_raw_data_is_a_dependency_one_added_image_reruns_prepare(
     project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    """A user's folder (a real data set that is not GTSRB): after `dvc repro prepare`, adding one image, then
+    """A user's folder (a real data set, not the demo's): after `dvc repro prepare`, adding one image, then
     changing one, makes `dvc status` report prepare changed, and `dvc repro` re-runs it on the new data."""
     from PIL import Image
 
     from tests.helpers.digits import write_digits_folder
 
     work, env = project
-    env = {k: v for k, v in env.items() if k != "GTSRB_ROOT"}
+    env = {k: v for k, v in env.items() if k not in DATA_ROOT_ENVS}
     digits = write_digits_folder(tmp_path / "digits")
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["data"].update({"source": "folder", "root": str(digits), "download": False, "image_size": 8})
@@ -85,24 +84,6 @@ def test_the_raw_data_is_a_dependency_one_added_image_reruns_prepare(
     Image.new("L", (8, 8), 255).save(one)
     assert "changed deps" in run([*dvc, "status", "prepare"], work, env)
     assert "Running stage 'prepare'" in run([*dvc, "repro", "prepare"], work, env)
-
-
-def test_gtsrb_root_elsewhere_than_the_tracked_folder_is_refused_under_dvc(
-    project: tuple[Path, dict[str, str]], tmp_path: Path
-) -> None:
-    """$GTSRB_ROOT naming another copy than data/raw (what dvc.yaml tracks) would make DVC blind to its changes:
-    prepare refuses in one line that says how to link it."""
-    work, env = project
-    link_raw_data(work, write_synthetic_gtsrb(tmp_path / "raw-gtsrb"))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())  # the demo's source, recipe and names
-    params["data"].update({"source": "gtsrb", "root": "data/raw", "download": False})
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "elsewhere")))
-    result = subprocess.run([sys.executable, "-m", "dvc", "repro", "prepare"], cwd=work, env=env,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert result.returncode != 0
-    line = next(x for x in (result.stdout + result.stderr).splitlines() if "is not the data DVC tracks" in x)
-    assert "scripts/raw-data.sh" in line and "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs the project's git checkout")
@@ -215,7 +196,7 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
 
 @pytest.mark.slow
 def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    """A second real dataset that is not GTSRB (scikit-learn's handwritten digits as a folder of PNGs) through
+    """A second real dataset, not the demo's (scikit-learn's handwritten digits as a folder of PNGs) through
     `dvc repro` to deploy (containerize and deploy run where a Docker engine answers, as in CI): the served
     accuracy on held-out original files through the API, and the class names the data gave, everywhere."""
     import httpx
@@ -227,7 +208,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
 
     work, env = project
     digits = write_digits_folder(tmp_path / "digits")
-    env = {k: v for k, v in env.items() if k != "GTSRB_ROOT"}
+    env = {k: v for k, v in env.items() if k not in DATA_ROOT_ENVS}
     shutil.copytree(REPO / "docker", work / "docker")
     for name in ("uv.lock", "pyproject.toml"):
         shutil.copy(REPO / name, work / name)
@@ -243,7 +224,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
     params["tracking"]["enabled"] = False
     params["serve"]["model_name"] = "digits"
     params["containerize"].update({"image": "digits-server-test", "skip_without_engine": True,
-                                   "base_image": os.environ.get("GTSRB_TEST_BASE_IMAGE",
+                                   "base_image": os.environ.get("PIPELINE_TEST_BASE_IMAGE",
                                                                 params["containerize"]["base_image"])})  # fmt: skip
     params["deploy"].update({"skip_without_engine": True, "container_name": f"digits-test-{os.getpid()}"})
     (work / "params.yaml").write_text(yaml.safe_dump(params))
@@ -257,7 +238,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
     assert evaluation["measured_on"] == "original files, whole" and evaluation["accuracy"] >= 0.95
     assert "10 classes of `digits`" in (work / "reports/model_card.md").read_text()
     deployed = yaml.safe_load((work / "reports/deploy/metrics.json").read_text())
-    if os.environ.get("GTSRB_REQUIRE_DOCKER"):
+    if os.environ.get("PIPELINE_REQUIRE_DOCKER"):
         assert not deployed.get("skipped"), "CI has an engine: deploy must have run"
     if not deployed.get("skipped"):  # the container's API on every held-out original file
         for path in ("png", "oip_bytes", "jpeg"):
@@ -293,7 +274,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
     [("torchvision/mobilenet_v3_small", "card"), ("timm/mobilenetv3_small_050", "evaluate")],
 )
 def test_your_own_model_on_your_own_photos_through_the_pipeline(
-    project: tuple[Path, dict[str, str]], tmp_path: Path, real_gtsrb_root: Path, name: str, through: str
+    project: tuple[Path, dict[str, str]], tmp_path: Path, real_photo_folder: Path, name: str, through: str
 ) -> None:
     """Only params changed: a 6-class folder of real photos (JPEG and PNG, several sizes, some greyscale), padded
     to squares, a library network with weights from a local .safetensors file: `dvc repro` runs through evaluate
@@ -306,12 +287,10 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
 
     from pipeline.backbones import library_network, sha256_of
     from pipeline.client import predict_files
-    from tests.helpers.photos import CLASSES, write_photo_folder
     from tests.helpers.server import start_server
 
     work, env = project
-    env = {k: v for k, v in env.items() if k != "GTSRB_ROOT"}
-    photos = write_photo_folder(real_gtsrb_root, tmp_path / "photos")
+    photos = real_photo_folder
     weights = tmp_path / "weights.safetensors"
     save_file({k: v.contiguous() for k, v in library_network(name, 1000).state_dict().items()}, str(weights))
     params = yaml.safe_load((work / "params.yaml").read_text())
@@ -331,7 +310,7 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     run([sys.executable, "-m", "dvc", "repro", through], work, env, timeout=1500)
 
-    classes = sorted(CLASSES.values())
+    classes = sorted(folder.name for folder in photos.iterdir())
     manifest = json.loads((work / "models/manifest.json").read_text())
     assert manifest["architecture"] == name and manifest["classes"] == classes
     assert manifest["preprocess"]["resize_mode"] == "pad"

@@ -38,7 +38,6 @@ def project(tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (work / "data").symlink_to(tiny_project / "data")
     monkeypatch.chdir(work)
     monkeypatch.delenv("PIPELINE_MONITOR_URL", raising=False)
-    monkeypatch.delenv("GTSRB_ROOT", raising=False)
     return work
 
 

@@ -88,14 +88,18 @@ def _upright_and_rotated(sources: list[Path], upright: Path, rotated: Path) -> l
 
 
 def test_a_photo_stored_rotated_is_the_same_image_in_prepare_predict_and_the_server(
-    real_gtsrb_root: Path, tiny_project: Path, server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    real_sample_test_files: list[Path],
+    tiny_project: Path,
+    server: Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Real sample images stored as phones store them (pixels turned, EXIF Orientation 2-8): prepare makes the same
     arrays as from the upright files, and `pipeline predict` and the server give the same answers for both."""
     from pipeline.artifacts.prepared import read_split
     from pipeline.stages import prepare
 
-    sources = sorted((real_gtsrb_root / "gtsrb/GTSRB/Final_Test/Images").glob("*.ppm"))[:28]
+    sources = real_sample_test_files[:28]
     upright, rotated = tmp_path / "upright", tmp_path / "rotated"
     names = _upright_and_rotated(sources, upright, rotated)
     assert (upright / names[1]).read_bytes() != (rotated / names[1]).read_bytes()

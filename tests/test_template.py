@@ -48,7 +48,7 @@ DEMO_FILES: dict[str, list[str]] = {
         "pyproject.toml",
     ],
     "the package's own test suite: its data is a synthetic copy of the demo data set (tests/helpers/gtsrb.py), or "
-    "the real sample under $GTSRB_ROOT; $GTSRB_REQUIRE_DOCKER and $GTSRB_TEST_BASE_IMAGE are CI's switches": [
+    "the real sample under $GTSRB_ROOT; $PIPELINE_REQUIRE_DOCKER and $PIPELINE_TEST_BASE_IMAGE are CI's switches": [
         "tests/conftest.py",
         "tests/data/test_gtsrb.py",
         "tests/data/test_listing.py",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import DATA_ROOT_ENVS, REPO
 
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 
@@ -86,7 +86,7 @@ def test_act_script_maps_every_action_of_the_workflow(tmp_path: Path) -> None:
     fake = tmp_path / "act"
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
-    env = {k: v for k, v in __import__("os").environ.items() if k != "GTSRB_ROOT"}
+    env = {k: v for k, v in __import__("os").environ.items() if k not in DATA_ROOT_ENVS}
     result = subprocess.run(
         [str(REPO / "scripts" / "act.sh"), "pipeline", "--input", "quick=true"],
         capture_output=True, text=True, timeout=60, env={**env, "ACT_BIN": str(fake), "ACT_OUTPUT_DIR": str(tmp_path / "out")},

@@ -149,11 +149,3 @@ def test_a_class_too_small_to_split_is_named(tmp_path: Path, workdir: Path) -> N
     _image(root / "axolotl" / "only.png", (90, 90, 90))
     with pytest.raises(StageError, match=r"too few images to hold out a test split with every class: axolotl"):
         prepare.run(make_params(root, source="folder"))
-
-
-def test_the_gtsrb_default_prepares_exactly_what_it_did_before(synthetic_gtsrb: Path, workdir: Path) -> None:
-    """The same checksum, crop and validation split as before the data sources existed (pinned from that code)."""
-    prepare.run(make_params(synthetic_gtsrb, source="gtsrb"))
-    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
-    assert manifest["content_sha256"] == "85bd075cea85bef73c5d2aebc562ed5a0dd5e4079727491ba0d594c1598a696f"
-    assert manifest["crop"] == [0.0234, 0.0273, 0.0234, 0.0273] and manifest["splits"]["val"]["count"] == 86

@@ -1,4 +1,4 @@
-"""A second real dataset that is not GTSRB: scikit-learn's bundled handwritten digits (1,797 8x8 scans of 10
+"""A second real dataset, not the demo's: scikit-learn's bundled handwritten digits (1,797 8x8 scans of 10
 digits), written as a folder of PNGs in the `data.source: folder` layout (ROOT/<digit>/<n>.png)."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def on_test_data(raw: dict[str, Any], root: Path | str, source: str = "folder", 
 
 def make_params(root: Path, tracking: bool = False, source: str = "folder", **data: object) -> Params:
     """Params for a test run: the repo's params.yaml on the data at `root` (the tests' synthetic images, or the
-    demo's data with source="gtsrb") with overrides applied."""
+    demo's data with its own source) with overrides applied."""
     import yaml
 
     raw = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), root, source, **data)

@@ -24,7 +24,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
 
 def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A fresh git + DVC copy of the project on the tests' small synthetic images, linked at data/raw (the tests
-    that need real images say so: `real_gtsrb_root`)."""
+    that need real images say so: `real_sample_data`)."""
     work = tmp_path / "project"
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has

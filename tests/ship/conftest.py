@@ -2,7 +2,7 @@
 a tiny project whose model went through the real train -> optimize -> benchmark -> evaluate stages, and its server
 image built once per session by the real containerize stage.
 
-The base image: $GTSRB_TEST_BASE_IMAGE, else a debootstrap image built by docker/base-image.sh (no
+The base image: $PIPELINE_TEST_BASE_IMAGE, else a debootstrap image built by docker/base-image.sh (no
 registry of base images is needed). Building it takes a few minutes the first time on a machine.
 """
 
@@ -45,8 +45,8 @@ def engine_or_skip() -> Any:
     try:
         return find_engine()
     except NoEngine as exc:
-        if os.environ.get("GTSRB_REQUIRE_DOCKER"):  # CI started an engine: not finding it is a failure
-            pytest.fail(f"GTSRB_REQUIRE_DOCKER is set but {exc}")
+        if os.environ.get("PIPELINE_REQUIRE_DOCKER"):  # CI started an engine: not finding it is a failure
+            pytest.fail(f"PIPELINE_REQUIRE_DOCKER is set but {exc}")
         pytest.skip(f"no Docker engine: {exc}")
 
 
@@ -79,7 +79,7 @@ def ship_params(**sections: dict[str, Any]) -> Params:
         "containerize": {
             "image": TEST_IMAGE,
             "variant": "fp32-onnx",
-            "base_image": os.environ.get("GTSRB_TEST_BASE_IMAGE", DEFAULT_TEST_BASE),
+            "base_image": os.environ.get("PIPELINE_TEST_BASE_IMAGE", DEFAULT_TEST_BASE),
         },
         "deploy": {"ready_timeout_s": 120.0, "container_name": f"{TEST_IMAGE}-{os.getpid()}"},
     }
@@ -162,7 +162,7 @@ def local_registry() -> Iterator[str]:
     )
     if proc.returncode != 0:
         message = f"no local registry could be started: {proc.stderr.strip()[-300:]}"
-        if os.environ.get("GTSRB_REQUIRE_DOCKER"):
+        if os.environ.get("PIPELINE_REQUIRE_DOCKER"):
             pytest.fail(message)
         pytest.skip(message)
     pid = proc.stdout.strip()

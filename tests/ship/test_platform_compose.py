@@ -35,8 +35,8 @@ def compose_command() -> list[str]:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    if os.environ.get("GTSRB_REQUIRE_DOCKER"):
-        pytest.fail("GTSRB_REQUIRE_DOCKER is set but neither `docker compose` nor `docker-compose` is installed")
+    if os.environ.get("PIPELINE_REQUIRE_DOCKER"):
+        pytest.fail("PIPELINE_REQUIRE_DOCKER is set but neither `docker compose` nor `docker-compose` is installed")
     pytest.skip("no Docker Compose (docker compose plugin or docker-compose)")
 
 
@@ -95,7 +95,7 @@ class ComposeStack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
     engine_or_skip()
     command = compose_command()
-    team_stack.build_image(IMAGE, os.environ.get("GTSRB_TEST_BASE_IMAGE", DEFAULT_TEST_BASE))
+    team_stack.build_image(IMAGE, os.environ.get("PIPELINE_TEST_BASE_IMAGE", DEFAULT_TEST_BASE))
     folder = tmp_path_factory.mktemp("platform")
     credentials = team_stack.Credentials.load(folder)  # generated: the test's own, like a fresh team's
     s3_port, mlflow_port = free_port(), free_port()

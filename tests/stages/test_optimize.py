@@ -377,7 +377,7 @@ def test_shipped_variants_run_and_agree(optimized: Path) -> None:
         assert (logits.argmax(1) == reference).mean() >= 0.8, v.name
 
 
-# ------------------------------------------------------------------------------ real GTSRB (integration)
+# ------------------------------------------------------------------------------ the real sample (integration)
 
 
 @pytest.mark.slow
@@ -554,7 +554,7 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
 
 
 def test_the_gate_judges_only_images_no_variant_learnt_from(tiny_project: Path) -> None:
-    """The tiny project trains on validation too (train.train_on_val, the gtsrb recipe), so the gate reads no labels:
+    """The tiny project trains on validation too (train.train_on_val, the tests' recipe), so the gate reads no labels:
     each variant's top-1 agreement with fp32 on the served test files, recomputed here through the runtimes; its
     drop is the disagreement, and no validation figure enters it."""
     from pipeline.artifacts.prepared import read_manifest as read_prepared

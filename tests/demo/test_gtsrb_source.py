@@ -1,13 +1,22 @@
+"""The demo's data source (pipeline/data/gtsrb.py), its recipe and names, and prepare on it."""
+
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.artifacts.prepared import read_split
+from pipeline.config import NAMED_KEYS, ConfigError, parse_params
 from pipeline.data.gtsrb import CLASS_NAMES, list_split
 from pipeline.errors import StageError
 from pipeline.stages import prepare
+from tests.helpers import REPO
+from tests.helpers.demo import write_synthetic_gtsrb
 from tests.helpers.params import make_params
+from tests.helpers.project import link_raw_data, make_project
 
 
 def test_class_names() -> None:
@@ -119,3 +128,79 @@ def test_a_csv_with_boxes_gets_the_same_served_crop_as_the_source_that_states_si
     crop = prepare.served_crop(listed.train, config)
     assert crop == prepare.served_crop(demo.train, config) and min(crop) > 0
     assert prepare.served_crop(listed.train, config.model_copy(update={"crop": "none"})) == prepare.NO_CROP
+
+
+def test_the_gtsrb_default_prepares_exactly_what_it_did_before(synthetic_gtsrb: Path, workdir: Path) -> None:
+    """The same checksum, crop and validation split as before the data sources existed (pinned from that code)."""
+    prepare.run(make_params(synthetic_gtsrb, source="gtsrb"))
+    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    assert manifest["content_sha256"] == "85bd075cea85bef73c5d2aebc562ed5a0dd5e4079727491ba0d594c1598a696f"
+    assert manifest["crop"] == [0.0234, 0.0273, 0.0234, 0.0273] and manifest["splits"]["val"]["count"] == 86
+
+
+def test_the_demos_recipe_and_names_follow_its_source(tmp_path: Path) -> None:
+    """`recipe: auto` gives the demo's data its recipe (a 32 px committee of two, a 98.5 % floor); the recipe can also
+    be chosen by name for any data; the demo's names are made from the source's own name."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"source": "gtsrb", "root": "data/raw"})
+    raw["name"] = ""
+    for section, key in NAMED_KEYS:
+        raw[section][key] = ""
+    demo = parse_params(raw)
+    assert (demo.recipe, demo.data.image_size, demo.model.name, demo.model.members) == ("gtsrb", 32, "signnet", 2)
+    assert demo.evaluate.min_accuracy == 0.985
+    n = demo.name
+    assert (n, demo.serve.model_name, demo.tracking.registered_model_name, demo.containerize.image) == (
+        "gtsrb", n, f"{n}-classifier", f"{n}-server")  # fmt: skip
+    folder = {**raw, "data": {**raw["data"], "source": "folder", "root": str(tmp_path / "pets")}, "recipe": "gtsrb"}
+    forced = parse_params(folder)
+    assert (forced.recipe, forced.data.image_size, forced.model.members, forced.name) == ("gtsrb", 32, 2, "pets")
+    with pytest.raises(ConfigError, match="name"):
+        parse_params({**raw, "name": "Not A Name"})
+
+
+def test_gtsrb_root_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = parse_params({"data": {"source": "gtsrb", "root": "data/raw"}}).data
+    monkeypatch.delenv("GTSRB_ROOT", raising=False)
+    assert config.resolved_root() == Path("data/raw")
+    monkeypatch.setenv("GTSRB_ROOT", "/elsewhere")
+    assert config.resolved_root() == Path("/elsewhere")
+
+
+def demo_params(folder: Path, download: bool) -> None:
+    """The repo's params.yaml into `folder`, tracking off, on the demo source under data/raw (a project made from the
+    template may read its own data)."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["data"].update({"source": "gtsrb", "root": "data/raw", "download": download})
+    raw["tracking"]["enabled"] = False
+    (folder / "params.yaml").write_text(yaml.safe_dump(raw))
+
+
+def test_missing_dataset_explains_where_to_get_it_through_the_cli(tmp_path: Path) -> None:
+    demo_params(tmp_path, download=False)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GTSRB_ROOT"}
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "prepare"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "GTSRB train split not found under data/raw" in result.stderr
+    assert "GTSRB_ROOT" in result.stderr
+
+
+@pytest.mark.slow
+def test_gtsrb_root_elsewhere_than_the_tracked_folder_is_refused_under_dvc(
+    tmp_path: Path,
+) -> None:
+    """$GTSRB_ROOT naming another copy than data/raw (what dvc.yaml tracks) would make DVC blind to its changes:
+    prepare refuses in one line that says how to link it."""
+    work, env = make_project(tmp_path)
+    link_raw_data(work, write_synthetic_gtsrb(tmp_path / "raw-gtsrb"))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())  # the demo's source, recipe and names
+    params["data"].update({"source": "gtsrb", "root": "data/raw", "download": False})
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    env = dict(env, GTSRB_ROOT=str(write_synthetic_gtsrb(tmp_path / "elsewhere")))
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro", "prepare"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode != 0
+    line = next(x for x in (result.stdout + result.stderr).splitlines() if "is not the data DVC tracks" in x)
+    assert "scripts/raw-data.sh" in line and "Traceback" not in result.stdout + result.stderr

@@ -1,0 +1,74 @@
+"""pipeline.yml under act (scripts/act.sh, offline): a quick pull-request run of the demo's pipeline on both legs
+plus the compare job, on small synthetic images in the demo's layout (the workflow's GTSRB steps read them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+from tests.helpers.demo import write_synthetic_gtsrb
+from tests.helpers.s3 import KEYS, weed_s3
+from tests.test_act import act
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+def test_pipeline_workflow_on_a_pull_request_runs_both_legs_and_leaves_the_champion(tmp_path: Path) -> None:
+    """pipeline.yml once, as a pull request (quick, through the repository variables), on both legs and the compare
+    job, with the team's DVC remote and MLflow store as secrets: each leg pulls from the remote and pushes nothing,
+    evaluate's gate passes and is logged in the store, and `champion` stays on the version it named. (A push's
+    `dvc push` and a teammate's `dvc pull` run against the team stack in tests/test_team_stack.py; the champion
+    moving on the default branch in tests/stages/test_evaluate.py.)"""
+    import mlflow
+
+    from pipeline.config import load_params
+
+    # The workflow's mechanics, not the data: small synthetic images.
+    gtsrb = write_synthetic_gtsrb(tmp_path / "gtsrb")
+    names = load_params(REPO / "params.yaml").tracking  # the demo data's names, as the workflow's run resolves them
+    store = f"sqlite:///{tmp_path / 'team.db'}"
+    client = mlflow.MlflowClient(store, registry_uri=store)
+    client.create_registered_model(names.registered_model_name)
+    kept = client.create_model_version(names.registered_model_name, str(tmp_path), tags={"variant": "fp32-onnx"})
+    client.set_registered_model_alias(names.registered_model_name, "champion", kept.version)
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"ref": "try"}, "base": {"ref": "main"}},
+                                 "repository": {"default_branch": "main"}}))  # fmt: skip
+    with weed_s3() as endpoint:  # the team's DVC remote
+        secrets = {"DVC_REMOTE_URL": "s3://dvc/ci", "DVC_REMOTE_ENDPOINT": endpoint, **KEYS,
+                   "MLFLOW_TRACKING_URI": store}  # fmt: skip
+        flags = [arg for name, value in secrets.items() for arg in ("--secret", f"{name}={value}")]
+        result = act("pipeline", "-e", str(event), "--var", "PIPELINE_QUICK=true", "--var", "PIPELINE_EPOCHS=1",
+                     *flags, out=tmp_path / "act", data_env={"GTSRB_ROOT": str(gtsrb)}, jobs=2,
+                     event="pull_request")  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    for job in ("repro (x86_64)", "repro (arm64)", "compare x86 and Arm"):
+        assert f"[pipeline/{job}" in log, f"job {job} did not run"
+    assert "Job failed" not in log
+    assert log.count("Success - Main dvc pull from the team's remote") == 2, "dvc pull: not run on both runners"
+    assert "Success - Main dvc push" not in log  # a pull request shares nothing
+    for arch in ("x86_64", "arm64"):
+        artifact = tmp_path / "act" / "pipeline" / f"pipeline-{arch}"
+        report = json.loads((artifact / "reports" / "benchmark" / "report.json").read_text())
+        assert any(r["status"] == "ok" for r in report["results"])
+        assert (artifact / "models" / "manifest.json").is_file()
+        evaluated = json.loads((artifact / "reports" / "evaluate" / "metrics.json").read_text())
+        assert evaluated["variant"] == json.loads((artifact / "models" / "serving.json").read_text())["variant"]
+        assert (artifact / "data" / "prepared" / "test" / "images-00000.npy").is_file()
+        assert list((artifact / "data" / "prepared" / "test_files").iterdir())  # what monitor sends
+        assert not (artifact / "models" / "checkpoints").exists()
+        assert "epochs: 1" in (artifact / "params.yaml").read_text()
+    # The compare job's table went to the job summary (act prints summaries in its log).
+    assert "Benchmark: x86 and Arm runners" in log and "| machine | variant |" in log
+    # Both legs logged their gate to the team's store; neither moved the champion.
+    assert log.count("the champion stays where it is (a pull request's run)") == 2, log[-5000:]
+    assert client.get_model_version_by_alias(names.registered_model_name, "champion").version == kept.version
+    evaluated_runs = client.search_runs(
+        [client.get_experiment_by_name(names.experiment).experiment_id], "attributes.run_name = 'evaluate'"
+    )
+    assert [(r.data.tags["gate"], r.data.tags["promoted"]) for r in evaluated_runs] == [("passed", "no")] * 2
+    assert len(client.search_model_versions(f"name='{names.registered_model_name}'")) > 1  # they registered their own
