@@ -98,19 +98,9 @@ NAMES: list[tuple[str, str, str]] = [
     ("docs/scaling.md", "gtsrb-platform", "{project_name}-platform"),
     ("docs/scaling.md", "gtsrb-train", "{project_name}-train"),
     # the tests that name what the project serves (the server answers under serve.model_name)
-    ("tests/serve/test_server.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
-    ("tests/serve/test_server.py", '"gtsrb"', '"{model_name}"'),
-    ("tests/serve/test_grpc.py", '"gtsrb-server"', '"{model_name}-server"'),
-    ("tests/serve/test_grpc.py", '"gtsrb"', '"{model_name}"'),
-    ("tests/serve/test_workers.py", '"gtsrb"', '"{model_name}"'),
-    ("tests/ship/test_deploy.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
-    ("tests/ship/test_deploy.py", '"gtsrb"', '"{model_name}"'),
-    ("tests/ship/test_deploy.py", 'f"gtsrb-', 'f"{image_name}-'),
     ("tests/ship/conftest.py", '"gtsrb-server-test"', '"{image_name}-test"'),
     ("tests/ship/test_k8s.py", "gtsrb-server", "{image_name}"),
     ("tests/ship/test_platform_compose.py", '"gtsrb-platform-test:latest"', '"{project_name}-platform-test:latest"'),
-    ("tests/stages/test_evaluate.py", "/v2/models/gtsrb", "/v2/models/{model_name}"),
-    ("tests/stages/test_optimize.py", "gtsrb-classifier", "{registered_model_name}"),
     ("tests/test_monitoring.py", '"gtsrb-server"', '"{image_name}"'),
     ("tests/artifacts/test_artifacts.py", "gtsrb-server", "{image_name}"),
 ]
@@ -131,7 +121,6 @@ DATA: list[tuple[str, str, str]] = [
         "  source: gtsrb           # gtsrb (the demo) | folder",
         "  source: {data_source}          # folder",
     ),
-    ("params.yaml", "path,label[,group,box,split])\n", "path,label[,group,box,split]) | the template's demo\n"),
     (
         "params.yaml",
         "  root: data/raw          # gtsrb: holds torchvision's gtsrb/ layout (GTSRB_ROOT overrides it); folder / csv: your data",
@@ -140,7 +129,7 @@ DATA: list[tuple[str, str, str]] = [
     (
         "params.yaml",
         "  download: true          # gtsrb: let torchvision fetch GTSRB into root when missing (needs internet)",
-        "  download: false         # only the template's demo source downloads",
+        "  download: false         # a source that can download its data fetches it into root (neither of these)",
     ),
     ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
     ("pipeline/data/sources.py", 'DEFAULT_SOURCE = "gtsrb"', 'DEFAULT_SOURCE = "{data_source}"'),
@@ -152,6 +141,87 @@ DATA: list[tuple[str, str, str]] = [
         "run the DVC pipeline (dvc repro)",
     ),
 ]
+
+# A project without the demo (a folder or CSV data source): the demo's own files go, and the lines that bring it
+# in or speak of it are rewritten. What stays of it: docs/ (the template's manual, shown on the demo).
+DEMO_FILES = [
+    "pipeline/data/gtsrb.py",
+    "pipeline/recipes/gtsrb.yaml",
+    "scripts/raw-data.sh",
+    "scripts/gpu-check.sh",
+    "tests/demo",
+    "tests/helpers/demo.py",
+    "tests/benchmarks/test_gpu.py",
+]
+WITHOUT_DEMO: list[tuple[str, str, str]] = [
+    (
+        "pipeline/data/sources.py",
+        '    "gtsrb": DataSource("pipeline.data.gtsrb:listing", "gtsrb", root_env="GTSRB_ROOT", name="gtsrb"),  # the demo\n',
+        "",
+    ),
+    (
+        "params.yaml",
+        "auto (gtsrb for the demo's data, photos for a folder or CSV) | gtsrb | photos |",
+        "auto (photos for a folder or CSV) | photos |",
+    ),
+    ("params.yaml", "never for signs)", "not for images whose meaning a mirror changes)"),
+    (
+        "dvc.yaml",
+        "      # $GTSRB_ROOT is linked here by scripts/raw-data.sh (`make pipeline` runs it); `dvc add` it to version it\n",
+        "      # `dvc add` it to version it; a CSV: keep the images it lists in its folder and `dvc add` that folder\n",
+    ),
+    (
+        "pyproject.toml",
+        '"integration: needs real GTSRB data (GTSRB_ROOT)",',
+        '"integration: needs a real sample of the data",',
+    ),
+    ("Makefile", "\tscripts/raw-data.sh\n", ""),
+    (
+        "scripts/act.sh",
+        "#   GTSRB_ROOT=/path/to/gtsrb scripts/act.sh pipeline --input quick=true --input epochs=2\n",
+        "#   scripts/act.sh pipeline --input quick=true --input epochs=2\n",
+    ),
+    ("scripts/act.sh", " GTSRB_ROOT, when set, is passed as\n# the repository variable of that name.\n", "\n"),
+    ("scripts/act.sh", '[ -n "${GTSRB_ROOT:-}" ] && extra+=(--var "GTSRB_ROOT=$GTSRB_ROOT")\n', ""),
+    (
+        "data/README.md",
+        "| `raw/` | `scripts/raw-data.sh` (`make pipeline`), then `pipeline prepare` (torchvision download, when `data.download: true`) | GTSRB in torchvision's layout under `raw/gtsrb/`: `GTSRB/Training`, `GTSRB/Final_Test`, `GT-final_test.csv`. With `GTSRB_ROOT` set, `raw` is a link to that copy. prepare's DVC dependency (`${data.root}`): a changed image re-runs it. |",
+        "| `raw/` | you (or `dvc pull`) | your images, where `data.root` says (`params.yaml`): prepare's DVC dependency, so a changed image re-runs it; `dvc add` it to version it |",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        "# Locally: `GTSRB_ROOT=/path/to/gtsrb scripts/act.sh pipeline --input quick=true` (act, see docs/ci.md).\n",
+        "# Locally: `scripts/act.sh pipeline --input quick=true` (act, see docs/ci.md).\n",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        "env:\n  # Bump to drop the cached GTSRB download (actions/cache keys are immutable).\n  GTSRB_CACHE_KEY: gtsrb-torchvision-v1\n  # A runner with its own copy of GTSRB (self-hosted, or act: scripts/act.sh passes it) sets this variable.\n  GTSRB_ROOT: ${{ vars.GTSRB_ROOT }}\n\n",
+        "",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        "      - name: Restore GTSRB\n        id: gtsrb\n        if: env.GTSRB_ROOT == ''\n        uses: actions/cache/restore@5a3ec84eff668545956fd18022155c47e93e2684 # v4.2.3\n        with:\n          path: data/raw\n          key: ${{ env.GTSRB_CACHE_KEY }}\n      - name: Raw data where dvc.yaml tracks it (data/raw; GTSRB_ROOT is linked there)\n        run: scripts/raw-data.sh\n",
+        "",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        "      - name: prepare, with this run's settings (downloads GTSRB when it is neither cached nor given)\n",
+        "      - name: prepare, with this run's settings\n",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        '          if [ -n "$GTSRB_ROOT" ]; then settings+=(-S data.download=false); fi\n',
+        "",
+    ),
+    (
+        ".github/workflows/pipeline.yml",
+        "      - name: Save GTSRB\n        if: env.GTSRB_ROOT == '' && steps.gtsrb.outputs.cache-hit != 'true'\n        uses: actions/cache/save@5a3ec84eff668545956fd18022155c47e93e2684 # v4.2.3\n        with:\n          path: data/raw\n          key: ${{ env.GTSRB_CACHE_KEY }}\n",
+        "",
+    ),
+]
+# The recipes' values in params.yaml's comments: the demo's recipe goes with the demo.
+DEMO_RECIPE_VALUE = re.compile(r"recipe's \(gtsrb (\[[^\]]*\]|[^,()\[]+), photos ")
+
 
 README = """# {project_name}
 
@@ -200,6 +270,24 @@ def substitute(root: Path, rules: list[tuple[str, str, str]], values: dict[str, 
     return changed
 
 
+def without_demo(root: Path, values: dict[str, str]) -> list[str]:
+    """The demo's files removed, the lines that bring it in rewritten; the files changed."""
+    for name in DEMO_FILES:
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    literal = [(name, *(text.replace("{", "{{").replace("}", "}}") for text in pair)) for name, *pair in WITHOUT_DEMO]
+    changed = substitute(root, literal, values)  # type: ignore[arg-type]
+    params = root / "params.yaml"
+    text, count = DEMO_RECIPE_VALUE.subn("recipe's (photos ", params.read_text())
+    if not count:
+        raise SystemExit("template_names: params.yaml: no recipe values to rewrite (the template changed)")
+    params.write_text(text)
+    return [*changed, "params.yaml"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for key in DEMO:
@@ -224,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         changed += substitute(root, REGISTRY, values)
     if answers["data_source"] != "gtsrb":
         changed += substitute(root, DATA, values)
+        changed += without_demo(root, values)
     if answers["project_name"] != DEMO["project_name"]:
         (root / "README.md").write_text(README.format(**values))
         changed.append("README.md")

@@ -20,6 +20,7 @@ from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
 from pipeline.ports import free_port
 from tests.helpers import REPO
+from tests.helpers.params import with_test_names
 from tests.helpers.server import Server, start_server
 
 
@@ -45,6 +46,7 @@ def params_for(work: Path, **monitor_settings: Any) -> Params:
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["monitor"].update(monitor_settings)
     raw["tracking"] = {"enabled": False}
+    with_test_names(raw)  # the name the test server serves
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
     return parse_params(raw)
 

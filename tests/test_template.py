@@ -29,47 +29,9 @@ ANSWERS = {
     "data_source": "folder",
 }
 
-# The demo's own files: the only files of a generated project (folder or CSV data) that may still say "gtsrb".
-# Everything else speaks of the project's names and data (test_a_generated_project_has_its_own_names).
+# A project without the demo (folder or CSV data) holds no demo file, test or CI step; what may still say "gtsrb" is
+# the template's manual, shown on the demo, with the demo's measured results.
 DEMO_FILES: dict[str, list[str]] = {
-    "the built-in demo data source (data.source `gtsrb`, $GTSRB_ROOT) stays a choice of the package: its reader "
-    "and recipe, its line in the sources' table, and the scripts, workflow steps and marker that feed it": [
-        "pipeline/data/gtsrb.py",
-        "pipeline/data/sources.py",
-        "params.yaml",
-        "pipeline/recipes/gtsrb.yaml",
-        "dvc.yaml",
-        "data/README.md",
-        "scripts/raw-data.sh",
-        "scripts/act.sh",
-        "scripts/gpu-check.sh",
-        ".ci/run",
-        ".github/workflows/pipeline.yml",
-        "pyproject.toml",
-    ],
-    "the package's own test suite: its data is a synthetic copy of the demo data set (tests/helpers/gtsrb.py), or "
-    "the real sample under $GTSRB_ROOT; $PIPELINE_REQUIRE_DOCKER and $PIPELINE_TEST_BASE_IMAGE are CI's switches": [
-        "tests/conftest.py",
-        "tests/data/test_gtsrb.py",
-        "tests/data/test_listing.py",
-        "tests/helpers/digits.py",
-        "tests/helpers/gtsrb.py",
-        "tests/helpers/params.py",
-        "tests/helpers/photos.py",
-        "tests/helpers/project.py",
-        "tests/ship/conftest.py",
-        "tests/ship/test_platform_compose.py",
-        "tests/stages/test_optimize.py",
-        "tests/test_act.py",
-        "tests/test_cli.py",
-        "tests/test_config.py",
-        "tests/test_drift.py",
-        "tests/test_dvc.py",
-        "tests/test_monitor.py",
-        "tests/test_predict.py",
-        "tests/test_preprocess.py",
-        "tests/test_workflows.py",
-    ],
     "the template's manual: how the package works, shown on the demo, and the demo's measured results": [
         "docs/ci.md",
         "docs/experiments.md",
@@ -93,6 +55,7 @@ DEMO_NAMES = re.compile(
 )
 MEASURED = {"docs/results.md", "docs/results-history.md"}
 TEMPLATE_ONLY = [
+    ".ci/run",
     "copier.yml",
     ".copier/template_names.py",
     "tests/test_template.py",
@@ -150,8 +113,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -> None:
-    """Other names and a folder data set: every name is the project's, "gtsrb" is left only in the demo's own files,
-    params.yaml validates with the generated package, and the generated project's config and layout tests pass."""
+    """Other names and a folder data set: every name is the project's, the demo is gone ("gtsrb" is left only in the
+    template's manual), params.yaml validates with the generated package, and the project's own config, layout,
+    prepare and data-source tests pass."""
     project = generate(template, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root="data/parts")
     files = files_of(project)
     assert not set(TEMPLATE_ONLY) & set(files) and not any("{{" in name for name in files)
@@ -199,9 +163,15 @@ def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -
         [sys.executable, "-c", check], cwd=project, env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.split() == [str(project), "acme", "folder", "acme-classifier"], out.stderr
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_config.py",
-                            "tests/test_layout.py"], cwd=project, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    # Without the demo: its source, recipe, tests and scripts are gone, and the project's own tests run on the tests'
+    # synthetic images (a folder and a CSV), not on the demo's layout.
+    assert not {"pipeline/data/gtsrb.py", "pipeline/recipes/gtsrb.yaml", "scripts/raw-data.sh"} & set(files)
+    assert not any(name.startswith(("tests/demo/", "tests/helpers/demo")) for name in files)
+    own_tests = ["tests/test_config.py", "tests/test_layout.py", "tests/stages/test_prepare.py", "tests/data"]
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *own_tests], cwd=project,
+                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    assert " passed" in tests.stdout and " skipped" not in tests.stdout, tests.stdout[-2000:]
 
 
 def test_the_default_answers_reproduce_the_demo(template: Path, tmp_path: Path) -> None:

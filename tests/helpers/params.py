@@ -19,9 +19,15 @@ def on_test_data(raw: dict[str, Any], root: Path | str, source: str = "folder", 
     raw["data"].update({"source": source, "root": str(root), "download": False, **data})
     if source in ("folder", "csv"):
         raw["recipe"] = str(TEST_RECIPE)
-        raw["name"] = SYNTHETIC_NAME
-        for section, key in NAMED_KEYS:
-            raw.setdefault(section, {})[key] = ""
+        with_test_names(raw)
+    return raw
+
+
+def with_test_names(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with the tests' name and every name made from it (a generated project's params.yaml sets its own)."""
+    raw["name"] = SYNTHETIC_NAME
+    for section, key in NAMED_KEYS:
+        raw.setdefault(section, {})[key] = ""
     return raw
 
 

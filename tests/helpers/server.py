@@ -17,6 +17,7 @@ import yaml
 
 from pipeline.ports import free_port
 from tests.helpers import REPO
+from tests.helpers.params import with_test_names
 
 
 @dataclass
@@ -71,6 +72,7 @@ def start_server(
     params["serve"] = {"port": port, "max_body_bytes": 256 * 1024, "variant": "fp32-onnx", "require_gate": False,
                        **serve}  # fmt: skip
     params["tracking"] = {"enabled": False}
+    with_test_names(params)  # the served names: the tests' data's, whatever the project's params say
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve"],

@@ -30,14 +30,14 @@ def test_tritonclient_grpc_health_metadata_and_every_input_kind(grpc_server: tup
 
     server, address = grpc_server
     client = triton.InferenceServerClient(url=address)
-    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("gtsrb")
-    meta = client.get_model_metadata("gtsrb")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("signs")
+    meta = client.get_model_metadata("signs")
     assert (
-        meta.name == "gtsrb"
+        meta.name == "signs"
         and meta.inputs[0].datatype == "FP32"
         and list(meta.inputs[0].shape)[1:] == [3, server.image_size, server.image_size]
     )
-    assert client.is_model_ready("gtsrb", meta.versions[0]) and client.get_server_metadata().name == "gtsrb-server"
+    assert client.is_model_ready("signs", meta.versions[0]) and client.get_server_metadata().name == "signs-server"
 
     pixels = np.ascontiguousarray(server.test_images[:5].transpose(0, 3, 1, 2))
     fp32 = (pixels / np.float32(255)).astype(np.float32)
@@ -45,7 +45,7 @@ def test_tritonclient_grpc_health_metadata_and_every_input_kind(grpc_server: tup
     for datatype, array in (("FP32", fp32), ("UINT8", pixels)):
         tensor = triton.InferInput("images", list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
-        result = client.infer("gtsrb", [tensor], request_id=f"grpc-{datatype}")
+        result = client.infer("signs", [tensor], request_id=f"grpc-{datatype}")
         np.testing.assert_allclose(result.as_numpy("probabilities"), expected, atol=1e-5)
         assert result.as_numpy("class_id").tolist() == expected.argmax(axis=1).tolist()
         assert result.get_response().id == f"grpc-{datatype}"
@@ -54,13 +54,13 @@ def test_tritonclient_grpc_health_metadata_and_every_input_kind(grpc_server: tup
     files = np.array([png(image) for image in server.test_images[:3]], dtype=np.object_)
     tensor = triton.InferInput("image_files", [3], "BYTES")
     tensor.set_data_from_numpy(files)
-    over_grpc = client.infer("gtsrb", [tensor], outputs=[triton.InferRequestedOutput("probabilities")])
+    over_grpc = client.infer("signs", [tensor], outputs=[triton.InferRequestedOutput("probabilities")])
     assert over_grpc.as_numpy("class_id") is None  # only what was asked for
     rest = triton_http.InferenceServerClient(url=server.url.removeprefix("http://"))
     rest_tensor = triton_http.InferInput("image_files", [3], "BYTES")
     rest_tensor.set_data_from_numpy(files)
     np.testing.assert_array_equal(
-        over_grpc.as_numpy("probabilities"), rest.infer("gtsrb", [rest_tensor]).as_numpy("probabilities")
+        over_grpc.as_numpy("probabilities"), rest.infer("signs", [rest_tensor]).as_numpy("probabilities")
     )
 
 
@@ -81,24 +81,24 @@ def test_client_mistakes_are_status_codes_with_the_rest_message(grpc_server: tup
     good.set_data_from_numpy(np.zeros((1, 3, s, s), np.float32))
     code, message = status_of(lambda: client.infer("other", [good]))
     assert code == "StatusCode.NOT_FOUND" and "unknown model" in message
-    code, _ = status_of(lambda: client.infer("gtsrb", [good], model_version="nope"))
+    code, _ = status_of(lambda: client.infer("signs", [good], model_version="nope"))
     assert code == "StatusCode.NOT_FOUND"
     wrong_shape = triton.InferInput("images", [1, 3, 8, 8], "FP32")
     wrong_shape.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
-    code, message = status_of(lambda: client.infer("gtsrb", [wrong_shape]))
+    code, message = status_of(lambda: client.infer("signs", [wrong_shape]))
     assert code == "StatusCode.INVALID_ARGUMENT" and "shape must be" in message
     garbage = triton.InferInput("image_files", [1], "BYTES")
     garbage.set_data_from_numpy(np.array([b"not an image"], dtype=np.object_))
-    code, _ = status_of(lambda: client.infer("gtsrb", [garbage]))
+    code, _ = status_of(lambda: client.infer("signs", [garbage]))
     assert code == "StatusCode.INVALID_ARGUMENT"
     nan = triton.InferInput("images", [1, 3, s, s], "FP32")
     nan.set_data_from_numpy(np.full((1, 3, s, s), np.nan, np.float32))
-    code, message = status_of(lambda: client.infer("gtsrb", [nan]))
+    code, message = status_of(lambda: client.infer("signs", [nan]))
     assert code == "StatusCode.INVALID_ARGUMENT" and "finite" in message
     # Bigger than serve.max_body_bytes (256 KiB in the tests): refused before parsing.
     big = triton.InferInput("images", [64, 3, s, s], "FP32")
     big.set_data_from_numpy(np.zeros((64, 3, s, s), np.float32))
-    code, _ = status_of(lambda: client.infer("gtsrb", [big, big, big, big]))
+    code, _ = status_of(lambda: client.infer("signs", [big, big, big, big]))
     assert code == "StatusCode.RESOURCE_EXHAUSTED"
     # The server is still fine, and nothing above was a 5xx in its metrics.
     assert client.is_server_ready()
@@ -120,18 +120,18 @@ def test_auth_and_request_ids_over_grpc(models_dir: Path, tmp_path: Path) -> Non
     )
     try:
         client = triton.InferenceServerClient(url=f"127.0.0.1:{port}")
-        assert client.is_server_ready() and client.is_model_ready("gtsrb")  # health stays open
+        assert client.is_server_ready() and client.is_model_ready("signs")  # health stays open
         s = running.image_size
         tensor = triton.InferInput("images", [1, 3, s, s], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 3, s, s), np.float32))
         with pytest.raises(InferenceServerException) as refused:
-            client.infer("gtsrb", [tensor], headers={"authorization": "Bearer wrong"})
+            client.infer("signs", [tensor], headers={"authorization": "Bearer wrong"})
         assert str(refused.value.status()) == "StatusCode.UNAUTHENTICATED"
         with pytest.raises(InferenceServerException):
-            client.get_model_metadata("gtsrb")
-        answer = client.infer("gtsrb", [tensor], headers={"authorization": "Bearer grpc-token", "x-request-id": "r-7"})
+            client.get_model_metadata("signs")
+        answer = client.infer("signs", [tensor], headers={"authorization": "Bearer grpc-token", "x-request-id": "r-7"})
         assert answer.get_response().id == "r-7"
-        named = client.infer("gtsrb", [tensor], request_id="own-id", headers={"authorization": "Bearer grpc-token"})
+        named = client.infer("signs", [tensor], request_id="own-id", headers={"authorization": "Bearer grpc-token"})
         assert named.get_response().id == "own-id"
     finally:
         running.stop()
@@ -159,7 +159,7 @@ def test_kserves_grpc_client_speaks_to_the_server(grpc_server: tuple[Server, str
                 batch = np.load({str(tmp_path / "batch.npy")!r})
                 tensor = InferInput("images", list(batch.shape), "FP32")
                 tensor.set_data_from_numpy(batch, binary_data=True)
-                answer = await client.infer(InferRequest("gtsrb", [tensor]))
+                answer = await client.infer(InferRequest("signs", [tensor]))
                 out = next(o for o in answer.outputs if o.name == "probabilities").as_numpy()
                 return live, out.tolist()
             finally:

@@ -29,12 +29,12 @@ def png(pixels: np.ndarray) -> bytes:
 def test_health_and_metadata(server: Server) -> None:
     assert httpx.get(f"{server.url}/v2/health/live").json() == {"live": True}
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
-    meta = httpx.get(f"{server.url}/v2/models/gtsrb").json()
+    meta = httpx.get(f"{server.url}/v2/models/signs").json()
     size = server.image_size
     assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, size, size]}]
     assert {o["name"] for o in meta["outputs"]} == {"probabilities", "class_id"}
     assert len(meta["parameters"]["classes"]) == 43
-    assert httpx.get(f"{server.url}/v2/models/gtsrb/ready").status_code == 200
+    assert httpx.get(f"{server.url}/v2/models/signs/ready").status_code == 200
     spec = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert {"400", "408", "413", "415", "503", "504"} <= set(spec["/v1/predict"]["post"]["responses"])
     assert {"400", "404", "413", "503"} <= set(spec["/v2/models/{name}/infer"]["post"]["responses"])
@@ -49,10 +49,10 @@ def test_oip_json_tensor_matches_the_runtime(server: Server) -> None:
             {"name": "images", "shape": list(batch.shape), "datatype": "FP32", "data": batch.reshape(-1).tolist()}
         ],
     }
-    reply = httpx.post(f"{server.url}/v2/models/gtsrb/infer", json=body)
+    reply = httpx.post(f"{server.url}/v2/models/signs/infer", json=body)
     assert reply.status_code == 200, reply.text
     result = reply.json()
-    assert result["id"] == "req-1" and result["model_name"] == "gtsrb"
+    assert result["id"] == "req-1" and result["model_name"] == "signs"
     outputs = {o["name"]: o for o in result["outputs"]}
     probabilities = np.array(outputs["probabilities"]["data"], dtype=np.float32).reshape(4, 43)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
@@ -64,13 +64,13 @@ def test_tritonclient_fp32_and_bytes_inputs(server: Server) -> None:
     import tritonclient.http as triton
 
     client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
-    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("gtsrb")
-    assert client.get_model_metadata("gtsrb")["name"] == "gtsrb"
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("signs")
+    assert client.get_model_metadata("signs")["name"] == "signs"
 
     batch = (server.test_images[:8].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
     tensor = triton.InferInput("images", list(batch.shape), "FP32")
     tensor.set_data_from_numpy(batch)  # binary tensor extension
-    result = client.infer("gtsrb", [tensor])
+    result = client.infer("signs", [tensor])
     probabilities = result.as_numpy("probabilities")
     assert probabilities.shape == (8, 43)
     np.testing.assert_allclose(probabilities, server.direct_probabilities(batch), atol=1e-5)
@@ -80,7 +80,7 @@ def test_tritonclient_fp32_and_bytes_inputs(server: Server) -> None:
     encoded = triton.InferInput("image_files", [3], "BYTES")
     encoded.set_data_from_numpy(files)
     requested = triton.InferRequestedOutput("class_id", binary_data=False)
-    result = client.infer("gtsrb", [encoded], outputs=[requested])
+    result = client.infer("signs", [encoded], outputs=[requested])
     assert result.as_numpy("class_id").tolist() == server.direct_probabilities(batch[:3]).argmax(axis=1).tolist()
 
 
@@ -105,12 +105,12 @@ def test_kserves_own_v2_client_speaks_to_the_server(server: Server, tmp_path: Pa
             try:
                 live = await client.is_server_live(url)
                 ready = await client.is_server_ready(url)
-                model_ready = await client.is_model_ready(url, "gtsrb")
+                model_ready = await client.is_model_ready(url, "signs")
                 tensor = InferInput("images", list(batch.shape), "FP32", batch.flatten().tolist())
-                answer = await client.infer(url, InferRequest("gtsrb", [tensor], request_id="kserve-1"), "gtsrb")
+                answer = await client.infer(url, InferRequest("signs", [tensor], request_id="kserve-1"), "signs")
                 probabilities = next(o for o in answer.outputs if o.name == "probabilities").as_numpy()
                 files = InferInput("image_files", [2], "BYTES", {encoded!r})
-                answer = await client.infer(url, InferRequest("gtsrb", [files]), "gtsrb")
+                answer = await client.infer(url, InferRequest("signs", [files]), "signs")
                 classes = next(o for o in answer.outputs if o.name == "class_id").as_numpy().tolist()
                 return [live, ready, model_ready, probabilities.tolist(), classes]
             finally:
@@ -135,24 +135,24 @@ def test_uint8_pixels_give_the_fp32_answer_with_a_quarter_of_the_bytes(server: S
     for binary in (True, False):
         tensor = triton.InferInput("images", list(pixels.shape), "UINT8")
         tensor.set_data_from_numpy(pixels, binary_data=binary)
-        got = client.infer("gtsrb", [tensor]).as_numpy("probabilities")
+        got = client.infer("signs", [tensor]).as_numpy("probabilities")
         np.testing.assert_allclose(got, expected, atol=1e-5)
     body = {"inputs": [{"name": "images", "shape": [1, 3, server.image_size, server.image_size], "datatype": "UINT8",
                         "data": [256] * (3 * server.image_size**2)}]}  # fmt: skip
-    answer = httpx.post(f"{server.url}/v2/models/gtsrb/infer", json=body)
+    answer = httpx.post(f"{server.url}/v2/models/signs/infer", json=body)
     assert answer.status_code == 400 and "0..255" in answer.json()["error"]
 
 
 def test_versioned_routes_serve_only_this_version(server: Server) -> None:
-    meta = httpx.get(f"{server.url}/v2/models/gtsrb").json()
+    meta = httpx.get(f"{server.url}/v2/models/signs").json()
     (version,) = meta["versions"]
-    assert httpx.get(f"{server.url}/v2/models/gtsrb/versions/{version}").json()["name"] == "gtsrb"
-    assert httpx.get(f"{server.url}/v2/models/gtsrb/versions/{version}/ready").status_code == 200
+    assert httpx.get(f"{server.url}/v2/models/signs/versions/{version}").json()["name"] == "signs"
+    assert httpx.get(f"{server.url}/v2/models/signs/versions/{version}/ready").status_code == 200
     tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
               "data": [base64.b64encode(png(server.test_images[0])).decode()]}  # fmt: skip
-    answer = httpx.post(f"{server.url}/v2/models/gtsrb/versions/{version}/infer", json={"inputs": [tensor]})
+    answer = httpx.post(f"{server.url}/v2/models/signs/versions/{version}/infer", json={"inputs": [tensor]})
     assert answer.status_code == 200 and answer.json()["model_version"] == version
-    wrong = httpx.post(f"{server.url}/v2/models/gtsrb/versions/nope/infer", json={"inputs": [tensor]})
+    wrong = httpx.post(f"{server.url}/v2/models/signs/versions/nope/infer", json={"inputs": [tensor]})
     assert wrong.status_code == 404 and "unknown version 'nope'" in wrong.json()["error"]
 
 
@@ -168,7 +168,7 @@ def test_request_ids_auth_and_the_access_log(models_dir: Path, tmp_path: Path) -
         refused = httpx.post(f"{url}/v1/predict", files=files, headers={"X-Request-ID": "client-42"})
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
         assert refused.headers["x-request-id"] == "client-42"
-        wrong = httpx.get(f"{url}/v2/models/gtsrb", headers={"Authorization": "Bearer s3cret-tokeN"})
+        wrong = httpx.get(f"{url}/v2/models/signs", headers={"Authorization": "Bearer s3cret-tokeN"})
         assert wrong.status_code == 401
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
         assert httpx.get(f"{url}/metrics").status_code == 200
@@ -178,7 +178,7 @@ def test_request_ids_auth_and_the_access_log(models_dir: Path, tmp_path: Path) -
         assert hostile.status_code == 200 and len(hostile.headers["x-request-id"]) == 32  # replaced, not echoed
         tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
                   "data": [base64.b64encode(png(running.test_images[0])).decode()]}  # fmt: skip
-        oip = httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [tensor]}, headers=auth)
+        oip = httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [tensor]}, headers=auth)
         assert oip.status_code == 200 and oip.json()["id"] == oip.headers["x-request-id"]
     finally:
         running.stop()
@@ -214,7 +214,7 @@ def test_original_files_through_the_api_give_optimizes_served_answers_file_for_f
         files = np.array([f.read_bytes() for f in originals[start : start + 16]], dtype=np.object_)
         encoded = triton.InferInput("images", [len(files)], "BYTES")
         encoded.set_data_from_numpy(files)
-        result = client.infer("gtsrb", [encoded], outputs=[triton.InferRequestedOutput("class_id")])
+        result = client.infer("signs", [encoded], outputs=[triton.InferRequestedOutput("class_id")])
         through_triton.extend(result.as_numpy("class_id").tolist())
     assert through_triton == variant.served_predicted
 
@@ -294,13 +294,13 @@ def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> Non
         ("bad base64", httpx.post(f"{url}/v1/predict", json={"images": ["%%%"]}), 400, "not valid base64"),
         ("bad box", httpx.post(f"{url}/v1/predict", json={"images": [{"data": base64.b64encode(good).decode(), "box": [9, 9, 1, 1]}]}), 400, "invalid ROI"),
         ("unknown model", httpx.post(f"{url}/v2/models/nope/infer", json={"inputs": []}), 404, "unknown model"),
-        ("no inputs", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": []}), 400, "inputs"),
-        ("wrong shape", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}), 400, f"[N, 3, {size}, {size}]"),
-        ("wrong count", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": [0.0]}]}), 400, "needs"),
-        ("wrong dtype", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1]}]}), 400, "datatype must be"),
-        ("strings as numbers", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": ["a"] * (3 * size * size)}]}), 400, "numbers"),
-        ("bad binary header", httpx.post(f"{url}/v2/models/gtsrb/infer", content=b"{}", headers={"Inference-Header-Content-Length": "999"}), 400, "does not fit"),
-        ("unknown output", httpx.post(f"{url}/v2/models/gtsrb/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(good).decode()]}], "outputs": [{"name": "nope"}]}), 400, "unknown output"),
+        ("no inputs", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": []}), 400, "inputs"),
+        ("wrong shape", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}), 400, f"[N, 3, {size}, {size}]"),
+        ("wrong count", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": [0.0]}]}), 400, "needs"),
+        ("wrong dtype", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1]}]}), 400, "datatype must be"),
+        ("strings as numbers", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": ["a"] * (3 * size * size)}]}), 400, "numbers"),
+        ("bad binary header", httpx.post(f"{url}/v2/models/signs/infer", content=b"{}", headers={"Inference-Header-Content-Length": "999"}), 400, "does not fit"),
+        ("unknown output", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(good).decode()]}], "outputs": [{"name": "nope"}]}), 400, "unknown output"),
         ("metadata of unknown model", httpx.get(f"{url}/v2/models/nope"), 404, "unknown model"),
     ]  # fmt: skip
     for name, reply, status, fragment in cases:
@@ -350,13 +350,13 @@ def test_the_inference_routes_shortcut_keeps_the_routers_answers(server: Server)
     """The inference routes skip the router (serve.app.HotPath): other methods still get the router's 405,
     client mistakes the same JSON 4xx, and each answer is counted under its route's template."""
     assert httpx.get(f"{server.url}/v1/predict").status_code == 405
-    assert httpx.get(f"{server.url}/v2/models/gtsrb/infer").status_code == 405
+    assert httpx.get(f"{server.url}/v2/models/signs/infer").status_code == 405
     wrong = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []})
     assert wrong.status_code == 404 and "unknown model 'nope'" in wrong.json()["error"]
     bad = httpx.post(f"{server.url}/v1/predict", content=b"x", headers={"Content-Type": "text/plain"})
     assert bad.status_code == 415 and bad.json()["error"].startswith("unsupported content type")
     broken = httpx.post(
-        f"{server.url}/v2/models/gtsrb/infer", content=b"{", headers={"Content-Type": "application/json"}
+        f"{server.url}/v2/models/signs/infer", content=b"{", headers={"Content-Type": "application/json"}
     )
     assert broken.status_code == 400 and "error" in broken.json()
     metrics = httpx.get(f"{server.url}/metrics").text
@@ -561,7 +561,7 @@ def _malformed_corpus(good: bytes, size: int, max_body: int) -> list[tuple[str, 
         cases.append(
             (f"json body {i}", "/v1/predict", {"content": body, "headers": {"content-type": "application/json"}})
         )
-    infer = "/v2/models/gtsrb/infer"
+    infer = "/v2/models/signs/infer"
     shapes = ([2**64], [2**63, 2**63], [1] * 40, [-1, 3, size, size], [0, 3, size, size], [1, 3, size],
               [10**30, 3, size, size], ["a"], [1.5, 3, size, size], [1, 3, 2**40, 2**40], [])  # fmt: skip
     for i, shape in enumerate(shapes):
@@ -704,7 +704,7 @@ def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:
 
     def refused_in(client: httpx.Client, content: bytes) -> float:
         started = time.perf_counter()
-        reply = client.post("/v2/models/gtsrb/infer", content=content, headers={"content-type": "application/json"})
+        reply = client.post("/v2/models/signs/infer", content=content, headers={"content-type": "application/json"})
         assert reply.status_code == 400 and "shape must be at most 4 integers" in reply.text, reply.text
         return time.perf_counter() - started
 

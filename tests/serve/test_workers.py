@@ -56,7 +56,7 @@ def test_two_workers_answer_and_their_metrics_add_up(models_dir: Path, tmp_path:
         s = server.image_size
         tensor = triton.InferInput("images", [3, 3, s, s], "FP32")
         tensor.set_data_from_numpy(np.zeros((3, 3, s, s), np.float32))
-        assert client.infer("gtsrb", [tensor]).as_numpy("class_id").shape == (3,)
+        assert client.infer("signs", [tensor]).as_numpy("class_id").shape == (3,)
         # Either worker's /metrics is the sum of both (ask a few times: several connections, several workers).
         for _ in range(6):
             text = httpx.get(f"{server.url}/metrics").text

@@ -24,6 +24,7 @@ import pytest
 from pipeline.artifacts.prepared import read_split
 from pipeline.config import ConfigError, Params, parse_params
 from tests.helpers import REPO
+from tests.helpers.params import SYNTHETIC_NAME, TEST_RECIPE
 
 TEST_IMAGE = "gtsrb-server-test"
 DEFAULT_TEST_BASE = "local/python:3.11-slim-bookworm"
@@ -53,6 +54,8 @@ def engine_or_skip() -> Any:
 def ship_params(**sections: dict[str, Any]) -> Params:
     """Params for the tiny project: small model, tracking off, the test image name and base."""
     raw: dict[str, Any] = {
+        "recipe": str(TEST_RECIPE),
+        "name": SYNTHETIC_NAME,
         "model": {"name": "signnet", "width": 8},
         "train": {"epochs": 2, "batch_size": 32, "checkpoint_every": 0, "threads": 1},
         "evaluate": {"min_accuracy": 0.0},

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def running(built_image: Image) -> Iterator[container.Running]:
-    name = f"gtsrb-test-{time.monotonic_ns()}"
+    name = f"signs-test-{time.monotonic_ns()}"
     started = container.start(
         built_image.engine,
         built_image.ref,
@@ -47,9 +47,9 @@ def _evaluate_predictions(image: Image) -> list[int]:
 
 
 def test_probes_metadata_and_metrics(running: container.Running, built_image: Image) -> None:
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/gtsrb/ready"):
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/signs/ready"):
         assert request("GET", running.url + path)[0] == 200, path
-    status, _, body = request("GET", running.url + "/v2/models/gtsrb")
+    status, _, body = request("GET", running.url + "/v2/models/signs")
     metadata = json.loads(body)
     assert status == 200 and metadata["versions"] == [built_image.report["model_version"]]
     assert metadata["platform"] == "onnxruntime" and metadata["parameters"]["variant"] == "fp32-onnx"
@@ -70,7 +70,7 @@ def test_probes_metadata_and_metrics(running: container.Running, built_image: Im
 def test_predictions_through_the_api_equal_evaluate(running: container.Running, built_image: Image) -> None:
     images, labels = built_image.test_arrays()
     expected = _evaluate_predictions(built_image)
-    got = np.concatenate([infer_fp32(running.url, "gtsrb", images[i : i + 64]) for i in range(0, len(images), 64)])
+    got = np.concatenate([infer_fp32(running.url, "signs", images[i : i + 64]) for i in range(0, len(images), 64)])
     assert got.tolist() == expected
     metrics = json.loads((built_image.project / "reports" / "evaluate" / "metrics.json").read_text())
     assert float((got == labels).mean()) == pytest.approx(metrics["roi_accuracy"], abs=0)  # the crops' figure
@@ -90,20 +90,20 @@ def test_grpc_in_the_container_with_tritonclient(running: container.Running, bui
 
     address = docker("port", running.name, "8001/tcp").stdout.strip().splitlines()[0]
     client = triton.InferenceServerClient(url=address)
-    assert client.is_server_ready() and client.is_model_ready("gtsrb")
+    assert client.is_server_ready() and client.is_model_ready("signs")
     images, _ = built_image.test_arrays()
     batch = (images[:32].transpose(0, 3, 1, 2) / np.float32(255)).astype(np.float32)
     tensor = triton.InferInput("images", list(batch.shape), "FP32")
     tensor.set_data_from_numpy(batch)
-    got = client.infer("gtsrb", [tensor]).as_numpy("class_id")
+    got = client.infer("signs", [tensor]).as_numpy("class_id")
     assert got is not None and got.tolist() == _evaluate_predictions(built_image)[:32]
 
 
 def test_bad_input_gets_4xx_with_a_message(running: container.Running) -> None:
     cases = [
-        ("/v2/models/gtsrb/infer", b"{not json", "application/json", 400),
+        ("/v2/models/signs/infer", b"{not json", "application/json", 400),
         (
-            "/v2/models/gtsrb/infer",
+            "/v2/models/signs/infer",
             json.dumps(
                 {"inputs": [{"name": "images", "shape": [1, 3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]}
             ).encode(),
@@ -142,7 +142,7 @@ def test_root_filesystem_is_read_only_and_user_is_not_root(running: container.Ru
 
 
 def test_docker_stop_is_prompt_and_clean(built_image: Image) -> None:
-    name = f"gtsrb-stop-{time.monotonic_ns()}"
+    name = f"signs-stop-{time.monotonic_ns()}"
     started = container.start(built_image.engine, built_image.ref, name, ready_timeout_s=120)
     try:
         seconds, code = container.stop(built_image.engine, name, timeout_s=10)

@@ -104,7 +104,7 @@ def test_its_figures_are_what_the_running_server_answers_file_for_file(project: 
             reply = httpx.post(f"{server.url}/v1/predict", files=[("files", (f.path.name, f.read_bytes()))])
             assert reply.status_code == 200, reply.text
             answers.append(reply.json()["predictions"][0]["top_k"][0]["class_id"])
-        assert httpx.get(f"{server.url}/v2/models/gtsrb").json()["versions"] == [written.model_version]
+        assert httpx.get(f"{server.url}/v2/models/signs").json()["versions"] == [written.model_version]
     finally:
         server.stop()
     assert answers == written.served_predicted

@@ -19,6 +19,7 @@ from pipeline.errors import StageError
 from pipeline.optimize import export, prune, quantize
 from tests.helpers import model as model_helper
 from tests.helpers import prepared as prepared_helper
+from tests.helpers.params import SYNTHETIC_NAME, TEST_RECIPE
 
 MEAN, STD = [0.3, 0.3, 0.3], [0.25, 0.25, 0.25]
 
@@ -169,6 +170,8 @@ def test_quantizer_by_platform() -> None:
 
 def _params(tmp: Path | None = None, tracking: bool = False, **optimize: object) -> Params:
     raw = {
+        "recipe": str(TEST_RECIPE),
+        "name": SYNTHETIC_NAME,
         "data": {"image_size": 16},
         "train": {"batch_size": 32},
         "optimize": {
@@ -307,7 +310,7 @@ def test_accepted_variants_are_registered(optimized: Path) -> None:
     manifest = json.loads((optimized / "models" / "manifest.json").read_text())
     accepted = {v["name"]: v for v in manifest["variants"] if v["accepted"]}
     client = MlflowClient(tracking_uri=f"sqlite:///{optimized / 'mlflow.db'}")
-    versions = client.search_model_versions("name = 'gtsrb-classifier'")
+    versions = client.search_model_versions("name = 'signs-classifier'")
     assert sorted(v.tags["variant"] for v in versions) == sorted(accepted)
     for version in versions:
         entry = accepted[version.tags["variant"]]
@@ -343,7 +346,7 @@ def test_registered_versions_are_mlflow_models_that_classify_image_files(
         Image.fromarray(image).save(out, format="PNG")
         pngs.append(out.getvalue())
     client = MlflowClient(tracking_uri=uri)
-    versions = client.search_model_versions("name = 'gtsrb-classifier'")
+    versions = client.search_model_versions("name = 'signs-classifier'")
     assert versions
     for version in versions:
         variant = version.tags["variant"]
@@ -354,7 +357,7 @@ def test_registered_versions_are_mlflow_models_that_classify_image_files(
         # run's second variant collided with the first: "Failed to log model config as params").
         assert "variant" not in client.get_run(version.run_id).data.params
         assert "accuracy" in {m.key for m in logged.metrics or []}
-        loaded = mlflow.pyfunc.load_model(f"models:/gtsrb-classifier/{version.version}")
+        loaded = mlflow.pyfunc.load_model(f"models:/signs-classifier/{version.version}")
         assert loaded.metadata.metadata["preprocess"]["resize"] == 16
         got = loaded.predict(pd.DataFrame({"image": pngs}))
         served = load_served_model(optimized / "models", ServeConfig(variant=variant))
