@@ -200,6 +200,18 @@ def choose_model(models_dir: Path, wanted: str) -> ModelChoice:
     )
 
 
+def resolved_params_yaml(params_file: Path) -> str:
+    """params.yaml as the server in the image reads it: every key resolved (the recipe applied, the names made), so
+    a recipe file of the project's (`recipe: path/to/yours.yaml`) need not travel with it."""
+    import yaml
+
+    from pipeline.config import load_params
+
+    resolved = load_params(params_file).model_dump(mode="json")
+    resolved["recipe"] = "auto"  # every key is set: a recipe adds nothing now
+    return yaml.safe_dump(resolved, sort_keys=False)
+
+
 def stage_context(
     context: Path,
     models_dir: Path,
@@ -219,7 +231,7 @@ def stage_context(
         context / "app" / "pipeline",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache"),
     )
-    shutil.copy2(params_file, context / "app" / "params.yaml")
+    (context / "app" / "params.yaml").write_text(resolved_params_yaml(params_file))
     shutil.copy2(models_dir / "manifest.json", context / "app" / "models" / "manifest.json")
     # The model card, when one describes the shipped variant: the server shows it at /v1/model-card.
     (context / "app" / "reports").mkdir()

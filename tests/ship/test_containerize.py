@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.config import ConfigError, parse_params
 from pipeline.errors import StageError
@@ -105,6 +106,23 @@ def test_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> None:
     assert not any(f.startswith("app/benchmarks") or "/bench/" in f for f in files)  # the lab stays out of the image
     # Staging the same inputs again gives the same digest (the build cache depends on it).
     assert ctx.stage_context(context, models, model, wheels, params_file, "linux/amd64", tmp_path / "reports") == digest
+
+
+def test_the_image_reads_the_resolved_params_without_the_projects_recipe_file(tmp_path: Path) -> None:
+    """A recipe of the project's own (`recipe: path/to/yours.yaml`) is applied before the params go into the image:
+    the server there reads the same values with no such file beside it."""
+    from pipeline.config import load_params, parse_params
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data:\n  image_size: 48\nmodel:\n  members: 3\n")
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(f"recipe: {mine}\ndata:\n  source: folder\n  root: pets\n")
+    expected = load_params(params_file)
+    staged = ctx.resolved_params_yaml(params_file)
+    mine.unlink()
+    served = parse_params(yaml.safe_load(staged))
+    assert (served.data.image_size, served.model.members, served.name) == (48, 3, "pets")
+    assert served.model_dump(exclude={"recipe"}) == expected.model_dump(exclude={"recipe"})
 
 
 def test_the_context_carries_the_model_card_of_the_shipped_variant_only(
