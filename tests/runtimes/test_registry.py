@@ -18,8 +18,8 @@ import yaml
 
 from pipeline.errors import StageError
 from pipeline.runtimes import RUNTIME_BACKENDS, runtimes_for
-from tests.helpers import REPO
 from tests.helpers.package_copy import package_with
+from tests.helpers.params import SYNTHETIC_NAME
 from tests.helpers.server import start_server
 
 TOY_BACKEND = '''
@@ -100,9 +100,7 @@ def test_a_new_backend_is_one_file_and_one_line_through_optimize_benchmark_and_s
     choice = json.loads((work / "models" / "serving.json").read_text())
     assert choice["backend"] == "onnxruntime-basic"
 
-    from pipeline.config import load_params
-
-    name = load_params(REPO / "params.yaml").serve.model_name  # what start_server's project serves as
+    name = SYNTHETIC_NAME  # what start_server's project serves as
     server = start_server(work / "models", tmp_path, {"variant": "auto"}, env=env)
     try:
         metadata = httpx.get(f"{server.url}/v2/models/{name}").json()
