@@ -66,13 +66,12 @@ def start_server(
     (work / "models").symlink_to(models_dir)
     if reports_dir is not None:
         (work / "reports").symlink_to(reports_dir)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = with_test_names(yaml.safe_load((REPO / "params.yaml").read_text()))  # the served names: the tests'
     port = free_port()
     # The fakes were never through evaluate: tests of the gate itself pass require_gate in `serve`.
     params["serve"] = {"port": port, "max_body_bytes": 256 * 1024, "variant": "fp32-onnx", "require_gate": False,
                        **serve}  # fmt: skip
     params["tracking"] = {"enabled": False}
-    with_test_names(params)  # the served names: the tests' data's, whatever the project's params say
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve"],
