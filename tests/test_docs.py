@@ -152,10 +152,10 @@ def test_the_tour_notebook_runs_on_a_finished_run(finished_run: Path, monkeypatc
     started = time.monotonic()
     NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
     assert time.monotonic() - started < 300
-    outputs = "\n".join(
-        str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
-        + str(output.get("data", {}).get("text/markdown", ""))
-        for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+    outputs = "\n".join(  # a cell's stream comes in chunks that may split a line: joined as printed
+        "".join(str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+                + str(output.get("data", {}).get("text/markdown", "")) for output in cell.get("outputs", []))
+        for cell in notebook.cells if cell.cell_type == "code"
     )  # fmt: skip
 
     assert f"project: {finished_run.resolve()}" in outputs

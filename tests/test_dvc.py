@@ -12,7 +12,7 @@ import yaml
 from pipeline.artifacts.prepared import read_split
 from tests.helpers import DATA_ROOT_ENVS, REPO
 from tests.helpers.params import TEST_RECIPE
-from tests.helpers.project import make_project, run, tiny_pipeline_params
+from tests.helpers.project import GIT_IDENTITY, make_project, run, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
@@ -132,8 +132,9 @@ def _what_the_server_would_serve(work: Path) -> str:
 def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     """After a complete run and a param change (so a previous choice and model exist, as in real use): kill -9
     of the whole `dvc repro` process group at a random moment of each stage in turn; after every kill the
-    server either refuses with one line or serves exactly the file the benchmark measured; then `dvc repro`
-    completes, nothing is left behind, and DVC sees everything up to date."""
+    server either refuses with one line or serves exactly the file the benchmark measured (a kill during DVC's own
+    write of dvc.lock leaves that file cut short: restored from git, as docs/getting-started.md says); then `dvc
+    repro` completes, nothing is left behind, and DVC sees everything up to date."""
     import queue
     import random
     import signal
@@ -146,11 +147,14 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
     run([*dvc, "repro", "card"], work, env)
     before = _what_the_server_would_serve(work)
     assert before.startswith("serves "), before
+    run(["git", "add", "dvc.yaml", "dvc.lock", "params.yaml", ".gitignore"], work, env)  # as users commit a run
+    run(["git", "commit", "-qm", "a run"], work, {**env, **GIT_IDENTITY})
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["train"]["seed"] = 1  # another model: every stage from train on reruns
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     rng = random.Random(7)
     killed_in: list[str] = []
+    lock_cut_short: list[str] = []
     served_after_kill: list[str] = []
     for target in PIPELINE_TO_CARD[1:]:
         proc = subprocess.Popen([*dvc, "repro", "card"], cwd=work, env=env, stdout=subprocess.PIPE,
@@ -178,6 +182,11 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
         killed_in.append(running)
+        status = subprocess.run([*dvc, "status", "card"], cwd=work, env=env, capture_output=True, text=True)
+        if "dvc.lock' validation failed" in status.stdout + status.stderr:
+            # DVC rewrites dvc.lock in place: a kill during that write leaves it cut short; the documented fix
+            lock_cut_short.append(running)
+            run(["git", "checkout", "--", "dvc.lock"], work, env)
         served_after_kill.append(_what_the_server_would_serve(work))
     assert len(killed_in) >= 3, killed_in
 
@@ -191,7 +200,8 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
     leftovers = [p for d in ("data", "models", "reports") for p in (work / d).rglob("*")
                  if ".tmp" in p.name or p.name.startswith(".prepared-") or p.name == "variants.staging"]  # fmt: skip
     assert not leftovers, leftovers
-    print(f"killed in {killed_in}; the server after each kill: {[s[:90] for s in served_after_kill]}")
+    print(f"killed in {killed_in} (dvc.lock cut short in {lock_cut_short});",
+          f"the server after each kill: {[s[:90] for s in served_after_kill]}")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -349,7 +359,6 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
 def test_the_tuned_winner_goes_through_the_pipeline_in_one_command(project: tuple[Path, dict[str, str]]) -> None:
     """`pipeline tune`, then the documented `dvc exp run $(cat reports/tune/best.args)`: the best values land in the
     experiment's params and every stage to the card runs with them."""
-    from tests.helpers.project import GIT_IDENTITY
 
     work, env = project
     env = dict(env, **GIT_IDENTITY)
