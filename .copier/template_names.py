@@ -143,8 +143,12 @@ DATA: list[tuple[str, str, str]] = [
 ]
 
 # A project without the demo (a folder or CSV data source): the demo's own files go, and the lines that bring it
-# in or speak of it are rewritten. What stays of it: docs/ (the template's manual, shown on the demo).
+# in or speak of it are rewritten. The manual (docs/) stays without the demo's measured-results pages and without
+# its demo blocks (DEMO_BLOCK).
 DEMO_FILES = [
+    "docs/results.md",
+    "docs/results-history.md",
+    "docs/serve-flamegraph.svg",  # linked from docs/results.md only
     "pipeline/data/gtsrb.py",
     "pipeline/recipes/gtsrb.yaml",
     "scripts/raw-data.sh",
@@ -176,6 +180,12 @@ WITHOUT_DEMO: list[tuple[str, str, str]] = [
         '"integration: needs a real sample of the data",',
     ),
     ("Makefile", "\tscripts/raw-data.sh\n", ""),
+    ("mkdocs.yml", "  - Measured results:\n      - Measured results: results.md\n      - Earlier rounds: results-history.md\n", ""),
+    (
+        "docs/notebooks/tour.ipynb",
+        ' [Experiments and tracking](../experiments.md)\\n",\n    "- the figures of full runs, each with its command: [Measured results](../results.md)"',
+        ' [Experiments and tracking](../experiments.md)"',
+    ),
     (
         "scripts/act.sh",
         "#   GTSRB_ROOT=/path/to/gtsrb scripts/act.sh pipeline --input quick=true --input epochs=2\n",
@@ -219,6 +229,13 @@ WITHOUT_DEMO: list[tuple[str, str, str]] = [
         "",
     ),
 ]
+# The manual's passages about the demo (its data, its measurements, its recipe's rows), invisible on the site:
+# a block between the lines `<!-- demo -->` and `<!-- /demo -->`; a line that ends with ` <!-- demo -->` (a table
+# row, a list item's line: a block there would break the table or the list); a span `<!-- demo -->...<!-- /demo -->`
+# inside one line (not at its start: Markdown takes such a line for an HTML block). A project without the demo
+# drops them, markers included (drop_demo_blocks()).
+DEMO_OPEN, DEMO_CLOSE, DEMO_LINE = "<!-- demo -->", "<!-- /demo -->", " <!-- demo -->"
+DEMO_SPAN = re.compile(re.escape(DEMO_OPEN) + ".*?" + re.escape(DEMO_CLOSE))
 # The recipes' values in params.yaml's comments: the demo's recipe goes with the demo.
 DEMO_RECIPE_VALUE = re.compile(r"recipe's \(gtsrb (\[[^\]]*\]|[^,()\[]+), photos ")
 
@@ -270,8 +287,40 @@ def substitute(root: Path, rules: list[tuple[str, str, str]], values: dict[str, 
     return changed
 
 
+def drop_demo_blocks(text: str, name: str = "") -> str:
+    """`text` without its demo blocks, lines and spans (DEMO_OPEN .. DEMO_CLOSE, markers included); where a block
+    stood between blank lines, one blank line stays. A marker out of place (unpaired, nested, a span that opens a
+    line) stops generation."""
+    lines = text.splitlines(keepends=True)
+    kept: list[str] = []
+    opened = 0  # the line number of the open block's DEMO_OPEN
+    for number, line in enumerate(lines, 1):
+        tag = line.strip()
+        if tag in (DEMO_OPEN, DEMO_CLOSE):
+            if (tag == DEMO_OPEN) == bool(opened):
+                raise SystemExit(f"template_names: {name}:{number}: {tag} without its pair")
+            if opened and kept[-1:] == ["\n"] and lines[number : number + 1] in (["\n"], []):
+                kept.pop()
+            opened = 0 if opened else number
+            continue
+        if opened:
+            continue
+        if tag.startswith(DEMO_OPEN):
+            raise SystemExit(f"template_names: {name}:{number}: a demo span opens the line (a block needs lines of its own)")
+        line = DEMO_SPAN.sub("", line)
+        if line.rstrip("\n").endswith(DEMO_LINE):
+            continue
+        if DEMO_OPEN in line or DEMO_CLOSE in line:
+            raise SystemExit(f"template_names: {name}:{number}: a demo marker out of place (unpaired in the line)")
+        kept.append(line)
+    if opened:
+        raise SystemExit(f"template_names: {name}:{opened}: {DEMO_OPEN} never closed ({DEMO_CLOSE})")
+    return "".join(kept)
+
+
 def without_demo(root: Path, values: dict[str, str]) -> list[str]:
-    """The demo's files removed, the lines that bring it in rewritten; the files changed."""
+    """The demo's files removed, the lines that bring it in rewritten, the manual's demo blocks dropped; the files
+    changed."""
     for name in DEMO_FILES:
         path = root / name
         if path.is_dir():
@@ -285,7 +334,14 @@ def without_demo(root: Path, values: dict[str, str]) -> list[str]:
     if not count:
         raise SystemExit("template_names: params.yaml: no recipe values to rewrite (the template changed)")
     params.write_text(text)
-    return [*changed, "params.yaml"]
+    changed.append("params.yaml")
+    for page in sorted((root / "docs").rglob("*.md")):
+        name = str(page.relative_to(root))
+        text = page.read_text()
+        if (kept := drop_demo_blocks(text, name)) != text:
+            page.write_text(kept)
+            changed.append(name)
+    return changed
 
 
 def main(argv: list[str] | None = None) -> None:
