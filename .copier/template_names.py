@@ -181,7 +181,11 @@ WITHOUT_DEMO: list[tuple[str, str, str]] = [
         '"integration: needs a real sample of the data",',
     ),
     ("Makefile", "\tscripts/raw-data.sh\n", ""),
-    ("mkdocs.yml", "  - Measured results:\n      - Measured results: results.md\n      - Earlier rounds: results-history.md\n", ""),
+    (
+        "mkdocs.yml",
+        "  - Measured results:\n      - Measured results: results.md\n      - Earlier rounds: results-history.md\n",
+        "",
+    ),
     # the manual's commands (a code span or block cannot hold a demo marker: the rest is marked, DEMO_OPEN)
     ("docs/ci.md", "GTSRB_ROOT=/path/to/gtsrb scripts/act.sh pipeline", "scripts/act.sh pipeline"),
     ("docs/experiments.md", "`GTSRB_ROOT=<sample> PIPELINE_SCREENSHOTS=", "`PIPELINE_SCREENSHOTS="),
@@ -327,7 +331,9 @@ def drop_demo_blocks(text: str, name: str = "") -> str:
         if opened:
             continue
         if tag.startswith(DEMO_OPEN):
-            raise SystemExit(f"template_names: {name}:{number}: a demo span opens the line (a block needs lines of its own)")
+            raise SystemExit(
+                f"template_names: {name}:{number}: a demo span opens the line (a block needs lines of its own)"
+            )
         line = DEMO_SPAN.sub("", line)
         if line.rstrip("\n").endswith(DEMO_LINE):
             continue

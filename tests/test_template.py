@@ -4,6 +4,7 @@ merges a later template commit into a project its users changed. Template-only: 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -29,31 +30,15 @@ ANSWERS = {
     "data_source": "folder",
 }
 
-# A project without the demo (folder or CSV data) holds no demo file, test or CI step; what may still say "gtsrb" is
-# the template's manual, shown on the demo, with the demo's measured results.
-DEMO_FILES: dict[str, list[str]] = {
-    "the template's manual: how the package works, shown on the demo, and the demo's measured results": [
-        "docs/ci.md",
-        "docs/experiments.md",
-        "docs/getting-started.md",
-        "docs/index.md",
-        "docs/own-data.md",
-        "docs/own-model.md",
-        "docs/results-history.md",
-        "docs/results.md",
-        "docs/scaling.md",
-        "docs/serving.md",
-        "docs/stages.md",
-    ],
-}
-ALLOWED = {path for paths in DEMO_FILES.values() for path in paths}
-# The demo's names themselves (not the data source's): nowhere in a generated project but the demo's measurements.
+# A project without the demo (folder or CSV data) holds no demo file, test, CI step or passage of the manual: no file
+# says "gtsrb" (the manual's demo blocks and measured-results pages are left out: .copier/template_names.py).
+MEASURED = ["docs/results.md", "docs/results-history.md"]
+# The demo's names themselves (not the data source's), named where a generated project still holds one.
 DEMO_NAMES = re.compile(
     r"gtsrb-(server|classifier|pipeline|platform|train|checkpoints)|/models/gtsrb\b|model_name: gtsrb\b|"
     r"experiment: gtsrb\b|GTSRB traffic-sign classifier|GTSRB MLOps",
     re.IGNORECASE,
 )
-MEASURED = {"docs/results.md", "docs/results-history.md"}
 TEMPLATE_ONLY = [
     ".ci/run",
     "copier.yml",
@@ -141,16 +126,24 @@ def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -
     assert not any(name.startswith(("benchmarks/", "tests/benchmarks/")) for name in files)
     assert "name: acme-classifier\n" in (project / "deploy/kserve/inferenceservice.yaml").read_text()
 
-    stale = sorted(ALLOWED - set(files))
-    assert not stale, f"DEMO_FILES lists files a project does not have: {stale}"
-    names_left, word_left = [], []
+    # Nothing says "gtsrb", the manual included: its demo passages are gone with their markers, its measured-results
+    # pages with their navigation, and it builds strict (no link or anchor into what went).
+    assert not set(MEASURED) & set(files) and "results.md" not in (project / "mkdocs.yml").read_text()
+    names_left, word_left, markers_left = [], [], []
     for name in files:
         text = (project / name).read_text(errors="replace")
-        if name not in MEASURED and DEMO_NAMES.search(text):
-            names_left.append(f"{name}: {DEMO_NAMES.search(text).group(0)}")  # type: ignore[union-attr]
-        if (name in ALLOWED) != ("gtsrb" in text.lower()):  # an exemption no longer needed is stale too
+        if found := DEMO_NAMES.search(text):
+            names_left.append(f"{name}: {found.group(0)}")
+        if "gtsrb" in text.lower():
             word_left.append(name)
-    assert (names_left, word_left) == ([], [])
+        if name.startswith("docs/") and ("<!-- demo -->" in text or "<!-- /demo -->" in text):
+            markers_left.append(name)
+    assert (names_left, word_left, markers_left) == ([], [], [])
+    if importlib.util.find_spec("mkdocs") or os.environ.get("CI"):  # the docs dependency group (`.ci/run` has it)
+        site = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                              cwd=project, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert site.returncode == 0 and "WARNING" not in site.stderr, site.stdout + site.stderr
 
     # The generated package reads its params.yaml; its own config and layout tests pass (the whole suite is a copy
     # of this one: docs/getting-started.md gives its run time).
@@ -172,6 +165,28 @@ def test_a_generated_project_has_its_own_names(template: Path, tmp_path: Path) -
                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
     assert " passed" in tests.stdout and " skipped" not in tests.stdout, tests.stdout[-2000:]
+
+
+def test_the_manuals_demo_blocks_lines_and_spans_go_without_the_demo() -> None:
+    """template_names.drop_demo_blocks(): a block between marker lines, a line ending with the marker, a span inside a
+    line, markers included; one blank line stays where a block stood between two; a marker out of place stops."""
+    spec = importlib.util.spec_from_file_location("template_names", REPO / ".copier" / "template_names.py")
+    names = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(names)  # type: ignore[union-attr]
+    page = (
+        "# Data\n\nAny data works<!-- demo --> (GTSRB is the demo)<!-- /demo -->.\n\n<!-- demo -->\nThe demo's data:\n"
+        "```bash\nGTSRB_ROOT=/copy make pipeline\n```\n<!-- /demo -->\n\n| recipe | for |\n|---|---|\n"
+        "| `gtsrb` | the demo | <!-- demo -->\n| `photos` | folders |\n"
+    )
+    assert (
+        names.drop_demo_blocks(page)
+        == "# Data\n\nAny data works.\n\n| recipe | for |\n|---|---|\n| `photos` | folders |\n"
+    )
+    assert names.drop_demo_blocks("a\n<!-- demo -->\nb\n<!-- /demo -->\nc\n") == "a\nc\n"
+    for wrong in ("<!-- demo -->\nb\n", "b\n<!-- /demo -->\n", "<!-- demo -->\n<!-- demo -->\n", "a <!-- demo --> b\n",
+                  "<!-- demo -->b<!-- /demo --> c\n"):  # fmt: skip
+        with pytest.raises(SystemExit, match=r"page\.md:"):
+            names.drop_demo_blocks(wrong, "page.md")
 
 
 def test_the_default_answers_reproduce_the_demo(template: Path, tmp_path: Path) -> None:
