@@ -20,6 +20,8 @@ from tests.helpers.params import on_test_data
 ENGINE_TESTS = ("tests/ship/", "tests/test_dvc.py::test_your_own_folder_of_images_through_deploy")
 ACT_TESTS = ("tests/test_act.py", "tests/demo/test_pipeline_workflow.py")  # one act run at a time
 ONE_BY_ONE = ("tests/test_dvc.py",)
+pytest_plugins = ["tests.helpers.cpu_time"]
+
 LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/demo/test_pipeline_workflow.py",
                  "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
