@@ -102,7 +102,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("tests/ship/conftest.py", '"gtsrb-server-test"', '"{image_name}-test"'),
     ("tests/ship/test_k8s.py", "gtsrb-server", "{image_name}"),
     ("tests/ship/test_platform_compose.py", '"gtsrb-platform-test:latest"', '"{project_name}-platform-test:latest"'),
-    ("tests/test_monitoring.py", '"gtsrb-server"', '"{image_name}"'),
+    ("tests/monitoring/test_prometheus.py", '"gtsrb-server"', '"{image_name}"'),
     ("tests/artifacts/test_artifacts.py", "gtsrb-server", "{image_name}"),
 ]
 

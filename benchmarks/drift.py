@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import drift
+from pipeline.monitoring import drift
 
 CLASSES = [f"class {i}" for i in range(43)]
 

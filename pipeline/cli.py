@@ -1,7 +1,7 @@
 """`pipeline` command: one subcommand per stage. Loads and validates params, calls the stage's run().
 
 No logic of its own: DVC, the tests and this CLI all call the same `run(params)` entries
-(pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitor.py).
+(pipeline/stages/<stage>.py; `serve` and `monitor` are commands, not DVC stages: pipeline/serve/main.py, pipeline/monitoring/probe.py).
 `pipeline image-context` passes its options to that tool; the measurement lab is beside the package:
 `python -m benchmarks --help` (benchmarks/, not installed with the package).
 """
@@ -194,11 +194,11 @@ def monitor(
     loaded = _load(params, "monitor", {"images": images})
     try:
         if drift:
-            from pipeline import drift_check
+            from pipeline.monitoring import drift_check
 
             drift_check.run(loaded, url=url, prometheus=prometheus, reference_path=reference, window_s=window)
         else:
-            from pipeline import monitor as probe
+            from pipeline.monitoring import probe
 
             probe.run(loaded, url=url)
     except StageError as exc:

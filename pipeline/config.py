@@ -525,7 +525,7 @@ class DeployConfig(Section):
 
 
 class DriftConfig(Section):
-    """`pipeline monitor --drift`: live traffic against the drift reference (pipeline/drift.py)."""
+    """`pipeline monitor --drift`: live traffic against the drift reference (pipeline/monitoring/drift.py)."""
 
     window_s: float = Field(0.0, ge=0.0, le=86400.0)
     """Compare what the server counted over this many seconds (two scrapes of /metrics, or Prometheus'

@@ -67,7 +67,7 @@ def closure(module: str) -> set[str]:
 
 def test_closure_follows_imports_inside_functions() -> None:
     # evaluate imports the drift signals inside a function: the walk must still see them.
-    assert "pipeline/drift.py" in closure("pipeline.stages.evaluate")
+    assert "pipeline/monitoring/drift.py" in closure("pipeline.stages.evaluate")
 
 
 @pytest.mark.parametrize("stage", STAGES)

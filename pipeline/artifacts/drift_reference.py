@@ -1,5 +1,5 @@
 """reports/evaluate/drift_reference.json: what the shipped variant sees and answers on the original test files, in
-the drift signals' buckets (pipeline/drift.py), written by evaluate; containerize puts it into the image, the server
+the drift signals' buckets (pipeline/monitoring/drift.py), written by evaluate; containerize puts it into the image, the server
 shows it at /v1/drift-reference, and `pipeline monitor --drift` compares live traffic with it.
 
 pydantic + stdlib only: the server image reads it.

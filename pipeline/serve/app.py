@@ -26,8 +26,8 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline import drift
 from pipeline.config import ServeConfig
+from pipeline.monitoring import drift
 from pipeline.preprocess import Box
 from pipeline.serve.access import UNAUTHORIZED_BODY, RequestContext, flush_access_log, log_request, request_id
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
@@ -483,7 +483,9 @@ class Inference:
         except TimeoutError:
             raise HTTPException(504, f"inference took longer than {self.config.request_timeout_s} s") from None
         self.metrics.images.inc(len(images))  # classified ones only: refused or timed-out requests do not count
-        self.signals.add_outputs(probabilities)  # the drift signals (pipeline/drift.py) of answered images only
+        self.signals.add_outputs(
+            probabilities
+        )  # the drift signals (pipeline/monitoring/drift.py) of answered images only
         self.signals.add_images(images)
         if sizes:
             self.signals.add_sizes(sizes)

@@ -11,7 +11,7 @@ Writes reports/evaluate/metrics.json (DVC metrics: accuracy, macro F1, per-class
 confusion.csv (one row per test image, `actual,predicted`: DVC's confusion plot), confusion.png, per_class.png,
 predictions.json (artifacts.predictions: the shipped file's class for every test image and file, which deploy's
 smoke test must get through the API, file for file), drift_reference.json (artifacts.drift_reference: the drift
-signals of pipeline/drift.py on the original files, which the image carries and `pipeline monitor --drift`
+signals of pipeline/monitoring/drift.py on the original files, which the image carries and `pipeline monitor --drift`
 compares live traffic with), and logs all of it to one MLflow run.
 The quality gate (reports/evaluate/gate.json, artifacts.gate) compares: the shipped variant within
 `evaluate.max_drop` of the trained model on the same files, no worse than the registered `champion` (its MLflow
@@ -65,7 +65,7 @@ def drift_counts(classes: list[str], images: ModelInput, files: bool) -> Any:
     """drift.SignalCounts with the image sizes: the original test files' (else the prepared crops')."""
     from PIL import Image
 
-    from pipeline import drift
+    from pipeline.monitoring import drift
 
     counts = drift.SignalCounts(list(classes))
     sizes = []
@@ -79,8 +79,8 @@ def drift_counts(classes: list[str], images: ModelInput, files: bool) -> Any:
 
 def write_drift_reference(variant: str, version: str, counts: Any, images: int, files: bool) -> None:
     """The drift signals on the original test files (else the prepared crops), as the server counts them
-    (pipeline/drift.py)."""
-    from pipeline import drift
+    (pipeline/monitoring/drift.py)."""
+    from pipeline.monitoring import drift
 
     what = "original test files through the server's decoding" if files else "prepared test crops (no original files)"
     drift_reference.write(drift.to_reference(counts, variant, version, f"{images} {what}"))

@@ -667,7 +667,7 @@ def test_a_malformed_input_corpus_gets_4xx_never_5xx_or_a_reset(server: Server) 
 
 def _drift_series(server: Server) -> set[str]:
     """The drift metrics' series (name + labels) in /metrics."""
-    from pipeline import drift
+    from pipeline.monitoring import drift
 
     names = (*tuple(s.metric for s in drift.SIGNALS.values()), drift.CLASS_METRIC)
     lines = httpx.get(f"{server.url}/metrics").text.splitlines()
@@ -677,7 +677,7 @@ def _drift_series(server: Server) -> set[str]:
 def test_drift_signals_count_answered_images_and_the_reference_route_says_when_there_is_none(server: Server) -> None:
     """A fresh server counts nothing; two answered files add two to every signal (sizes from the files as sent);
     a refused request adds nothing; /v1/drift-reference is a JSON 404 naming the stage to run (no evaluate here)."""
-    from pipeline import drift
+    from pipeline.monitoring import drift
 
     assert sum(drift.parse_metrics(httpx.get(f"{server.url}/metrics").text, server.classes).class_counts) == 0
     wide = np.ascontiguousarray(np.repeat(server.test_images[0], 2, axis=1))  # twice as wide as tall

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline import drift
+from pipeline.monitoring import drift
 from pipeline.ports import free_port
 from tests.helpers.server import start_server
 from tests.serve.test_connection import sigterm_under_load

@@ -21,7 +21,7 @@ def router(ctx: RouteContext) -> APIRouter:
     )
     async def drift_reference() -> Response:
         """What the served variant saw and answered on the original test files, in the buckets of /metrics'
-        drift signals (pipeline/drift.py): what `pipeline monitor --drift` compares live traffic with."""
+        drift signals (pipeline/monitoring/drift.py): what `pipeline monitor --drift` compares live traffic with."""
         if ctx.model.drift_reference is None:
             raise HTTPException(
                 404, "no drift reference was counted on the served variant: run `pipeline evaluate` before serving"

@@ -1,4 +1,4 @@
-"""The drift signals (pipeline/drift.py): buckets, the Prometheus exposition both ways, the comparison."""
+"""The drift signals (pipeline/monitoring/drift.py): buckets, the Prometheus exposition both ways, the comparison."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pipeline import drift
+from pipeline.monitoring import drift
 
 CLASSES = [f"c{i}" for i in range(43)]
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import monitor
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
+from pipeline.monitoring import probe as monitor
 from pipeline.ports import free_port
 from tests.helpers import REPO
 from tests.helpers.params import with_test_names

@@ -1,7 +1,7 @@
 """`pipeline monitor --drift`: is the live traffic still what the model was tested on?
 
 Reads the reference the served variant carries (GET /v1/drift-reference, or --reference FILE) and the live drift
-signals (pipeline/drift.py) from the server's /metrics, over `monitor.drift.window_s` (two scrapes that far apart;
+signals (pipeline/monitoring/drift.py) from the server's /metrics, over `monitor.drift.window_s` (two scrapes that far apart;
 0 = since the server started), or from a Prometheus server's query API (--prometheus URL: `increase(...[window])`,
 summed over every replica). Compares each signal (confidence, brightness, width, height, aspect, class) with
 `drift.compare`, prints a table, writes reports/monitor/drift.json and drift.md (the job summary / alert issue body),
@@ -20,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline import drift
 from pipeline.artifacts import drift_reference
 from pipeline.client import http
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
-from pipeline.monitor import REPORT_DIR, resolve_url
+from pipeline.monitoring import drift
+from pipeline.monitoring.probe import REPORT_DIR, resolve_url
 
 
 def fetch_reference(base: str, timeout_s: float, path: Path | None) -> Any:
