@@ -65,7 +65,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("pipeline/artifacts/image.py", "gtsrb-server", "{image_name}"),
     ("pipeline/mlflow_model.py", "gtsrb-classifier", "{registered_model_name}"),
     ("pipeline/cli.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
-    ("pipeline/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
+    ("pipeline/tracking/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("benchmarks/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison
     ("docker/platform.Dockerfile", '"gtsrb-platform"', '"{project_name}-platform"'),
     ("docker/README.md", "gtsrb-pipeline", "{project_name}"),

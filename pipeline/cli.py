@@ -308,7 +308,7 @@ def platform_up(
     workers: int = typer.Option(2, help="MLflow server worker processes."),
 ) -> None:
     """Start the stack (data kept in --dir across restarts); prints the environment clients need."""
-    from pipeline import team_stack
+    from pipeline.tracking import team_stack
 
     try:
         stack = team_stack.up(folder, team_stack.Ports(postgres_port, s3_port, mlflow_port), workers)
@@ -322,7 +322,7 @@ def platform_up(
 @platform_app.command("down")
 def platform_down(folder: Path = PlatformDir) -> None:
     """Stop the stack started from --dir; its data stays."""
-    from pipeline import team_stack
+    from pipeline.tracking import team_stack
 
     typer.echo("stopped" if team_stack.down(folder) else f"no stack running from {folder}")
 
@@ -337,7 +337,7 @@ def platform_dvc_remote(
     ),
 ) -> None:
     """Make the stack's S3 bucket this repository's default DVC remote (keys in .dvc/config.local, git-ignored)."""
-    from pipeline import team_stack
+    from pipeline.tracking import team_stack
 
     if endpoint:
         credentials = team_stack.Credentials.load(folder)
@@ -362,7 +362,7 @@ def platform_image(
     ),
 ) -> None:
     """Build the image deploy/platform/compose.yaml runs; make sure --dir/credentials.env exists for --env-file."""
-    from pipeline import team_stack
+    from pipeline.tracking import team_stack
 
     try:
         seconds = team_stack.build_image(tag, base_image)

@@ -22,7 +22,7 @@ ACT_TESTS = ("tests/test_act.py", "tests/demo/test_pipeline_workflow.py")  # one
 ONE_BY_ONE = ("tests/test_dvc.py",)
 pytest_plugins = ["tests.helpers.cpu_time"]
 
-LONGEST_FIRST = ("tests/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/demo/test_pipeline_workflow.py",
+LONGEST_FIRST = ("tests/tracking/test_team_stack.py", "tests/ship/", "tests/test_dvc.py", "tests/demo/test_pipeline_workflow.py",
                  "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip

@@ -18,7 +18,7 @@ PACKAGE = REPO / "pipeline"
 NO_OUTPUT_EFFECT = {
     "pipeline/console.py",
     "pipeline/errors.py",
-    "pipeline/tracking.py",
+    "pipeline/tracking/__init__.py",
     "pipeline/config.py",
     "pipeline/data/sources.py",  # read by config's validation, like config itself
     "pipeline/ports.py",

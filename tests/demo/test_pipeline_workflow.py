@@ -20,7 +20,7 @@ def test_pipeline_workflow_on_a_pull_request_runs_both_legs_and_leaves_the_champ
     """pipeline.yml once, as a pull request (quick, through the repository variables), on both legs and the compare
     job, with the team's DVC remote and MLflow store as secrets: each leg pulls from the remote and pushes nothing,
     evaluate's gate passes and is logged in the store, and `champion` stays on the version it named. (A push's
-    `dvc push` and a teammate's `dvc pull` run against the team stack in tests/test_team_stack.py; the champion
+    `dvc push` and a teammate's `dvc pull` run against the team stack in tests/tracking/test_team_stack.py; the champion
     moving on the default branch in tests/stages/test_evaluate.py.)"""
     import mlflow
 

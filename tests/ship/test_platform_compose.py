@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import team_stack
 from pipeline.ports import free_port
+from pipeline.tracking import team_stack
 from tests.helpers import REPO
 from tests.helpers.project import GIT_IDENTITY
 from tests.ship.conftest import DEFAULT_TEST_BASE, engine_or_skip

@@ -10,7 +10,7 @@ environment to use them and writes it to DIR/client.env; `pipeline platform down
 `.dvc/config.local`, which git ignores). Credentials come from the environment (TEAM_DB_PASSWORD,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or are generated once into DIR/credentials.env (mode 600): never
 from or into git. `deploy/platform/compose.yaml` runs the same three as containers. The tests start one on
-free ports (tests/test_team_stack.py).
+free ports (tests/tracking/test_team_stack.py).
 """
 
 from __future__ import annotations
@@ -347,7 +347,7 @@ def dvc_remote(endpoint: str, credentials: Credentials, repo: Path, name: str = 
 
 
 # ---- the same stack as containers: deploy/platform/compose.yaml runs this image three times ----
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "deploy" / "platform" / "compose.yaml"
 PLATFORM_DOCKERFILE = REPO_ROOT / "docker" / "platform.Dockerfile"
 PLATFORM_ENTRYPOINT = REPO_ROOT / "docker" / "platform-entrypoint.sh"

@@ -1,4 +1,4 @@
-"""pipeline/tracking.py: what MLflow prints while a variant is logged."""
+"""pipeline/tracking/__init__.py: what MLflow prints while a variant is logged."""
 
 from __future__ import annotations
 

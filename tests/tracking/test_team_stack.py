@@ -1,4 +1,4 @@
-"""The team stack for real (pipeline/team_stack.py): PostgreSQL + SeaweedFS S3 + an MLflow server on free
+"""The team stack for real (pipeline/tracking/team_stack.py): PostgreSQL + SeaweedFS S3 + an MLflow server on free
 loopback ports; a `dvc exp run --queue` sweep of two experiments on small synthetic images tracked into it; then what a
 teammate does with the results: the MLflow UI in a real browser, the champion through `mlflow.pyfunc`, the
 data through the DVC remote on the same S3 store."""
@@ -41,7 +41,7 @@ class Sweep:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
-    from pipeline import team_stack
+    from pipeline.tracking import team_stack
 
     # Not under pytest's tmp: PostgreSQL runs as its own user when we are root, and must reach its folder.
     root = Path(tempfile.mkdtemp(prefix="team-stack-"))
@@ -109,7 +109,7 @@ def test_a_queued_sweep_is_one_parent_run_per_experiment_in_postgres_and_s3(swee
     import psycopg2
     from mlflow import MlflowClient
 
-    from pipeline.team_stack import ARTIFACT_BUCKET
+    from pipeline.tracking.team_stack import ARTIFACT_BUCKET
 
     shown = run([*DVC, "exp", "show", "--json"], sweep.work, sweep.env)
     assert all(f'"{name}"' in shown for name in EXPERIMENTS)
@@ -187,7 +187,7 @@ def test_the_champion_loads_with_mlflow_pyfunc_and_classifies_files_as_served(sw
 def test_a_teammate_dvc_pulls_the_results_from_the_s3_remote(sweep: Sweep, tmp_path: Path) -> None:
     """`dvc push` to the stack's bucket, a fresh clone, `dvc pull`: the same files, `dvc status card` clean
     (nothing would re-run); the keys stay out of git."""
-    from pipeline.team_stack import dvc_remote
+    from pipeline.tracking.team_stack import dvc_remote
 
     work, env = sweep.work, sweep.env
     run([*DVC, "exp", "apply", "lr-low"], work, env)
@@ -274,7 +274,7 @@ def test_keys_that_start_with_a_dash_are_values_and_generated_keys_are_hex(
 ) -> None:
     """dvc's parser once took a generated secret starting with '-' for an option (and echoed it in the error):
     `--` ends dvc's options, and the keys the stack generates are hex."""
-    from pipeline.team_stack import Credentials, dvc_remote
+    from pipeline.tracking.team_stack import Credentials, dvc_remote
 
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)

@@ -353,7 +353,9 @@ def promote(params: Params, version: str = "", variant: str = "", sha256: str = 
     return version
 
 
-MODEL_DEFINITION = Path(__file__).with_name("mlflow_model.py")  # models-from-code: loading imports, never unpickles
+MODEL_DEFINITION = (
+    Path(__file__).parent.parent / "mlflow_model.py"
+)  # models-from-code: loading imports, never unpickles
 
 
 def log_variant_model(models_dir: Path, variant: Any, example: bytes, metadata: Mapping[str, Any]) -> Any:
