@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.training.engine import Engine, Loss, make_optimizer
 
 BATCH_SIZES = (1, 32, 256, 1024)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
 from pipeline.runtimes.onnx import OnnxRuntime
 

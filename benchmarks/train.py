@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.artifacts.prepared import read_manifest
 from pipeline.config import Params, parse_params
 from pipeline.data.loader import AugmentConfig, Split, TrainLoader, load_split

@@ -132,7 +132,7 @@ def _network_name(name: str) -> str:
 
 
 class ModelConfig(Section):
-    """The network, built by name from pipeline/nets.py."""
+    """The network, built by name from pipeline/architectures/nets.py."""
 
     name: str = Field("signnet", min_length=1)
     """`signnet`: the demo's compact CNN; `trafficsignnet`: Arm's learning-path reference network (ours: one file

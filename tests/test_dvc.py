@@ -295,7 +295,7 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
     import httpx
     from safetensors.torch import save_file
 
-    from pipeline.backbones import library_network, sha256_of
+    from pipeline.architectures.backbones import library_network, sha256_of
     from pipeline.client import predict_files
     from tests.helpers.server import start_server
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.memory_budget import GB, Budget, output_bytes_per_image
 
 
@@ -42,7 +42,7 @@ def test_batches_are_lowered_only_where_they_would_not_fit(monkeypatch: pytest.M
 
 STEP = """
 import json, sys, torch
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.memory_budget import Budget
 from pipeline.training.engine import Engine, Loss, make_optimizer
 torch.set_num_threads(1)
@@ -73,7 +73,7 @@ def test_a_224_px_training_step_stays_within_the_budget_that_a_whole_batch_excee
 CALIBRATE = """
 import json, sys, tempfile, numpy as np, torch
 from pathlib import Path
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.memory_budget import Budget
 from pipeline.optimize import export, quantize
 torch.set_num_threads(1)

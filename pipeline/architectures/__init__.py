@@ -1,8 +1,8 @@
 """Networks of our own, by `model.name`: one module each, one line in ARCHITECTURES.
 
 A module here exposes `build(spec: NetSpec) -> nn.Module` (the `Architecture` protocol): a network that takes float
-images in [0, 1], NCHW, and normalises them itself (`pipeline.nets.Normalize`), with `spec.num_classes` outputs.
-torchvision and timm networks come by name without a module (`torchvision/<arch>`, `timm/<arch>`: pipeline.backbones),
+images in [0, 1], NCHW, and normalises them itself (`pipeline.architectures.nets.Normalize`), with `spec.num_classes` outputs.
+torchvision and timm networks come by name without a module (`torchvision/<arch>`, `timm/<arch>`: pipeline.architectures.backbones),
 and a network of your own project by its file: `model.name: nets/mine.py:build` (the file relative to the project,
 then the function). docs/extending.md has the checklist.
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipeline.architectures import NetSpec
-from pipeline.nets import NUM_CLASSES, Normalize
+from pipeline.architectures.nets import NUM_CLASSES, Normalize
 
 
 def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:

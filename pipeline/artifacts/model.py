@@ -116,7 +116,7 @@ def model_from_payload(payload: Mapping[str, Any], path: Path) -> nn.Module:
     """Rebuild the network a payload describes and load its weights (a StageError naming `path`)."""
     import torch
 
-    from pipeline import nets
+    from pipeline.architectures import nets
 
     arch = dict(payload["arch"])
     try:

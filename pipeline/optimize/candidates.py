@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import console, nets
+from pipeline import console
+from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, PreparedManifest, read_split
 from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Preprocess, Variant

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from pipeline import console, nets
+from pipeline import console
+from pipeline.architectures import nets
 from pipeline.artifacts.prepared import read_manifest
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, training_images

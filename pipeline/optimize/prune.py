@@ -5,7 +5,7 @@ A filter followed by BatchNorm is ranked by the norm of the filter with the BN s
 (|gamma| / sqrt(var + eps) x weight): BN divides the raw weight's scale out, so ranking by the raw norm
 removes filters that BN scales up (the measured cost of halving the filters, with and without it: docs/results-history.md).
 
-`prune_filters` works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/nets.py, where every convolution
+`prune_filters` works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/architectures/nets.py, where every convolution
 feeds exactly the next convolution or, after the last one, the classifier's Linear (through global average
 pooling, or a Flatten of C x H x W features). Networks with branches (residual additions, squeeze-excite,
 depthwise convolutions: the torchvision/timm networks) go through `prune_graph`: Torch-Pruning traces the forward
@@ -90,7 +90,7 @@ def keep_members(model: nn.Module, members: int) -> nn.Module:
     is not a committee or `members` is 0 or not fewer than it has. Fewer, larger layers run faster per
     multiply-add than a committee of small ones (int8 ONNX Runtime here), and the fine-tune distils the whole
     committee into what is kept."""
-    from pipeline.nets import Committee
+    from pipeline.architectures.nets import Committee
 
     if not isinstance(model, Committee) or not 0 < members < len(model.members):
         return model
@@ -120,7 +120,7 @@ def prune_graph(
     outputs (the classes)."""
     import torch_pruning as tp
 
-    from pipeline.backbones import classifier_names
+    from pipeline.architectures.backbones import classifier_names
 
     if not 0.0 <= amount < 1.0:
         raise ValueError(f"prune amount must be in [0, 1), got {amount}")

@@ -231,7 +231,9 @@ def interpolation(params: Params) -> Interpolation:
         return params.data.interpolation
     if not LIBRARY_NETWORK.match(params.model.name):  # ours or your own module: no pretrained filter, no torch import
         return "bilinear"
-    from pipeline.backbones import expected_interpolation  # torch and the model libraries: only for `auto`
+    from pipeline.architectures.backbones import (
+        expected_interpolation,  # torch and the model libraries: only for `auto`
+    )
 
     return expected_interpolation(params.model.name)
 

@@ -32,7 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline import backbones, console, nets
+from pipeline import console
+from pipeline.architectures import backbones, nets
+from pipeline.architectures.backbones import WeightsInfo
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import (
@@ -43,7 +45,6 @@ from pipeline.artifacts.prepared import (
     SplitReader,
     read_manifest,
 )
-from pipeline.backbones import WeightsInfo
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.training.distributed import SINGLE, Dist, autocast
 
 DISTILL_TEMPERATURE = 2.0

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import architectures, nets
+from pipeline import architectures
+from pipeline.architectures import nets
 from pipeline.config import ConfigError, parse_params
 
 TOY = '''
 from torch import nn
 
 from pipeline.architectures import NetSpec
-from pipeline.nets import Normalize
+from pipeline.architectures.nets import Normalize
 
 
 def build(spec: NetSpec) -> nn.Module:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.artifacts import image, predictions, prepared, serving
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts import variants as variants_file

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import roofline
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
 from tests.helpers import REPO
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import read_manifest, read_split
 

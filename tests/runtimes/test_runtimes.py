@@ -159,7 +159,7 @@ def test_onnx_path_does_not_import_torch(models: Path) -> None:
 def test_torch_eager_runs_a_state_dict_variant(tmp_path: Path) -> None:
     import torch
 
-    from pipeline import nets
+    from pipeline.architectures import nets
     from pipeline.artifacts import model as model_file
 
     torch.manual_seed(0)

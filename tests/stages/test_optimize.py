@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.architectures.signnet import SignNet
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import read_split

@@ -283,7 +283,7 @@ def test_logit_adjustment_lets_a_rare_class_win_back_its_share(project: Path) ->
     def rare_share(tau: float) -> float:
         train.run(train_params(epochs=6, logit_adjustment=tau, augment=False, checkpoint_every=0))
         payload = torch.load(model_file.MODEL_PATH, map_location="cpu", weights_only=True)
-        from pipeline import nets
+        from pipeline.architectures import nets
 
         model = nets.build_from_arch(payload["arch"], payload["mean"], payload["std"])
         model.load_state_dict(payload["state_dict"])

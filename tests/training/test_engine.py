@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.training.engine import DISTILL_TEMPERATURE, Engine, Loss, make_optimizer, one_cycle_lr, param_groups
 
 

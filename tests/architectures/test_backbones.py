@@ -13,7 +13,7 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
-from pipeline import backbones, nets
+from pipeline.architectures import backbones, nets
 from pipeline.artifacts import model as model_file
 from pipeline.config import parse_params
 from pipeline.errors import StageError

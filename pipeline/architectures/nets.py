@@ -6,7 +6,7 @@ export, the server) feeds the same uint8 -> float[0,1] pixels and cannot drift f
 
 - ours, one file each in pipeline/architectures/ (`signnet`, `trafficsignnet`), or a file of your project
   (`model.name: path/to/file.py:function`);
-- `torchvision/<arch>`, `timm/<arch>`: the libraries' networks (`Backbone`, pipeline/backbones.py), normalised
+- `torchvision/<arch>`, `timm/<arch>`: the libraries' networks (`Backbone`, pipeline/architectures/backbones.py), normalised
   with the mean/std their weights expect (the payload's mean/std).
 
 `model.members` > 1 wraps either in a `Committee` of independently initialised copies that vote (the
@@ -32,7 +32,7 @@ ARCHITECTURES = tuple(architectures.ARCHITECTURES)  # ours by name; pipeline/arc
 
 def is_backbone(name: str) -> bool:
     """A library network (`torchvision/<arch>`, `timm/<arch>`: backbones.FAMILIES), not one of ours."""
-    from pipeline.backbones import FAMILIES
+    from pipeline.architectures.backbones import FAMILIES
 
     family, sep, arch = name.partition("/")
     return bool(sep) and family in FAMILIES and bool(arch)
@@ -41,7 +41,7 @@ def is_backbone(name: str) -> bool:
 def backbone_parts(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(backbone, head) parameters of a model whose members are `Backbone`s (the head: each classifier); ([], all)
     for our own networks, which train as one."""
-    from pipeline.backbones import classifier_names
+    from pipeline.architectures.backbones import classifier_names
 
     members = list(model.members) if isinstance(model, Committee) else [model]
     if not all(isinstance(m, Backbone) for m in members):
@@ -86,12 +86,12 @@ class Normalize(nn.Module):
 
 
 class Backbone(nn.Module):
-    """A network users bring by name (`torchvision/<arch>`, `timm/<arch>`: pipeline/backbones.py) behind the same
+    """A network users bring by name (`torchvision/<arch>`, `timm/<arch>`: pipeline/architectures/backbones.py) behind the same
     contract as ours: [0, 1] pixels in, normalised inside with the mean/std its weights expect."""
 
     def __init__(self, name: str, mean: Sequence[float], std: Sequence[float], num_classes: int) -> None:
         super().__init__()
-        from pipeline import backbones
+        from pipeline.architectures import backbones
 
         self.normalize = Normalize(mean, std, "dataset")
         self.net = backbones.library_network(name, num_classes)

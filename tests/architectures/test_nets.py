@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from pipeline import nets
+from pipeline.architectures import nets
 from pipeline.architectures.signnet import SignNet
 
 MEAN, STD = [0.4, 0.35, 0.3], [0.25, 0.24, 0.23]
