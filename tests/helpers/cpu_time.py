@@ -11,6 +11,8 @@ import pytest
 
 KEY = "cpu_seconds"
 SHOWN = 25
+_started = pytest.StashKey[float]()
+_costs: list[tuple[float, str]] = []  # (CPU seconds, test id), gathered where the terminal summary is printed
 
 
 def _cpu() -> float:
@@ -29,11 +31,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     if call.when == "teardown":  # the last phase: setup + call + teardown
         report = outcome.get_result()  # type: ignore[attr-defined]
-        report.user_properties.append((KEY, _cpu() - item.stash.get(_started, _cpu())))
-
-
-_started = pytest.StashKey[float]()
-_costs: list[tuple[float, str]] = []
+        report.user_properties.append((KEY, _cpu() - item.stash[_started]))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
