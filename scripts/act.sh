@@ -10,7 +10,9 @@
 # the workflow uses is mapped to its stand-in in .github/act/ (derived from the workflow file, so the two cannot
 # drift; a missing stand-in stops the run). Artifacts go to .act-artifacts/WORKFLOW/, the log to
 # .act-artifacts/WORKFLOW.log (ACT_OUTPUT_DIR instead of .act-artifacts). GTSRB_ROOT, when set, is passed as
-# the repository variable of that name.
+# the repository variable of that name. ACT_SEED_ARTIFACTS=DIR: artifacts of another run (DIR/<name>/), there
+# before the jobs start, as if uploaded by the jobs not run here (`--matrix arch:x86_64` runs one leg; the job
+# that merges the legs then finds the other's artifact).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -47,6 +49,7 @@ out=${ACT_OUTPUT_DIR:-$root/.act-artifacts}
 artifacts=$out/$name
 rm -rf "$artifacts"
 mkdir -p "$artifacts"
+if [ -n "${ACT_SEED_ARTIFACTS:-}" ]; then cp -a "$ACT_SEED_ARTIFACTS"/. "$artifacts"/; fi
 extra=()
 [ -n "${GTSRB_ROOT:-}" ] && extra+=(--var "GTSRB_ROOT=$GTSRB_ROOT")
 

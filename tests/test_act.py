@@ -27,14 +27,17 @@ def act(
     data_env: dict[str, str] | None = None,
     jobs: int = 1,
     event: str = "workflow_dispatch",
+    seed: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """scripts/act.sh WORKFLOW ARGS; `jobs` matrix legs at once (GitHub runs them on separate machines); `data_env`:
-    a data source's variable naming the copy the workflow reads (none from this environment otherwise)."""
+    a data source's variable naming the copy the workflow reads (none from this environment otherwise); `seed`: a
+    folder of artifacts there before the jobs start (ACT_SEED_ARTIFACTS)."""
     if not ACT.exists():
         pytest.skip("act is not installed (it comes with the dev dependencies: make env)")
     env = {k: v for k, v in os.environ.items() if k not in (*DATA_ROOT_ENVS, "PYTEST_ADDOPTS")}
     env |= {"ACT_BIN": str(ACT), "ACT_OUTPUT_DIR": str(out), "ACT_CONCURRENT_JOBS": str(jobs), "ACT_EVENT": event}
     env |= data_env or {}
+    env |= {"ACT_SEED_ARTIFACTS": str(seed)} if seed else {}
     return subprocess.run(
         [str(REPO / "scripts" / "act.sh"), workflow, *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=2300,

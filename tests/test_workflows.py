@@ -104,3 +104,17 @@ def test_act_script_maps_every_action_of_the_workflow(tmp_path: Path) -> None:
     assert args[0] == "workflow_dispatch" and args[-2:] == ["--input", "quick=true"]
     assert f"ACT_ARTIFACT_DIR={tmp_path / 'out' / 'pipeline'}" in args
     assert (tmp_path / "out" / "pipeline.log").is_file()
+
+
+def test_the_pipeline_runs_on_an_x86_and_an_arm_runner_and_the_compare_job_reads_both() -> None:
+    """What the act run of pipeline.yml (one leg: both map to this host) cannot show: GitHub runs two legs, on an
+    x86 and an Arm runner, and the compare job merges the report of each one the matrix names."""
+    doc = yaml.safe_load((REPO / ".github" / "workflows" / "pipeline.yml").read_text())
+    legs = {leg["arch"]: leg["runner"] for leg in doc["jobs"]["repro"]["strategy"]["matrix"]["include"]}
+    assert legs == {"x86_64": "ubuntu-latest", "arm64": "ubuntu-24.04-arm"}
+    compare = doc["jobs"]["compare"]
+    assert compare["needs"] == "repro"
+    merge = next(step["run"] for step in compare["steps"] if step.get("name") == "Merge the benchmark reports")
+    assert f"for arch in {' '.join(legs)}; do" in merge
+    uploads = [step for step in doc["jobs"]["repro"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
+    assert "pipeline-${{ matrix.arch }}" in {step["with"]["name"] for step in uploads}
