@@ -116,5 +116,7 @@ def test_the_pipeline_runs_on_an_x86_and_an_arm_runner_and_the_compare_job_reads
     assert compare["needs"] == "repro"
     merge = next(step["run"] for step in compare["steps"] if step.get("name") == "Merge the benchmark reports")
     assert f"for arch in {' '.join(legs)}; do" in merge
-    uploads = [step for step in doc["jobs"]["repro"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
+    uploads = [
+        step for step in doc["jobs"]["repro"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")
+    ]
     assert "pipeline-${{ matrix.arch }}" in {step["with"]["name"] for step in uploads}
