@@ -9,10 +9,10 @@
 # no Docker needed), one at a time, triggered as workflow_dispatch (ACT_EVENT to change). Every remote action
 # the workflow uses is mapped to its stand-in in .github/act/ (derived from the workflow file, so the two cannot
 # drift; a missing stand-in stops the run). Artifacts go to .act-artifacts/WORKFLOW/, the log to
-# .act-artifacts/WORKFLOW.log (ACT_OUTPUT_DIR instead of .act-artifacts). GTSRB_ROOT, when set, is passed as
-# the repository variable of that name. ACT_SEED_ARTIFACTS=DIR: artifacts of another run (DIR/<name>/), there
-# before the jobs start, as if uploaded by the jobs not run here (`--matrix arch:x86_64` runs one leg; the job
-# that merges the legs then finds the other's artifact).
+# .act-artifacts/WORKFLOW.log (ACT_OUTPUT_DIR instead of .act-artifacts). ACT_SEED_ARTIFACTS=DIR: artifacts of
+# another run (DIR/<name>/), there before the jobs start, as if uploaded by the jobs not run here (`--matrix
+# arch:x86_64` runs one leg; the job merging the legs finds the other's). GTSRB_ROOT, when set, is passed as
+# the repository variable of that name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

@@ -129,9 +129,13 @@ def _what_the_server_would_serve(work: Path) -> str:
 
 
 @pytest.mark.slow
-def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    """After a complete run and a param change (so a previous choice and model exist, as in real use): kill -9
-    of the whole `dvc repro` process group at a random moment of each stage in turn; after every kill the
+def test_the_tuned_winner_in_one_command_then_kill_9_in_every_stage_then_repro_completes(
+    project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A user's first complete run is the tuned winner: `pipeline tune`, then the documented
+    `dvc exp run $(cat reports/tune/best.args) card`, whose best values land in the experiment's params and every
+    stage to the card runs with them. Then a param change (so a previous choice and model exist, as in real use) and
+    kill -9 of the whole `dvc repro` process group at a random moment of each stage in turn; after every kill the
     server either refuses with one line or serves exactly the file the benchmark measured (a kill during DVC's own
     write of dvc.lock leaves that file cut short: restored from git, as docs/getting-started.md says); then `dvc
     repro` completes, nothing is left behind, and DVC sees everything up to date."""
@@ -142,13 +146,27 @@ def test_kill_9_in_every_stage_then_repro_completes(project: tuple[Path, dict[st
     import time
 
     work, env = project
+    env = dict(env, **GIT_IDENTITY)
     tiny_pipeline_params(work)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["tune"].update({"trials": 2, "epochs": 2, "space": {"train.lr": {"choices": [0.01, 0.003]}}})
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    run(["git", "add", "-A"], work, env)
+    run(["git", "commit", "-qm", "baseline"], work, env)
     dvc = [sys.executable, "-m", "dvc"]
-    run([*dvc, "repro", "card"], work, env)
+    run([*dvc, "repro", "prepare"], work, env)
+    run([sys.executable, "-m", "pipeline.cli", "tune"], work, env)
+    best = yaml.safe_load((work / "reports/tune/best.yaml").read_text())
+    args = (work / "reports/tune/best.args").read_text().split()
+    assert args == ["-S", f"train.lr={best['train.lr']}"]
+    run([*dvc, "exp", "run", *args, "card"], work, env)  # the complete run: the tuned winner, in one command
+    assert yaml.safe_load((work / "params.yaml").read_text())["train"]["lr"] == best["train.lr"]
+    assert (work / "reports/model_card.md").is_file() and (work / "models/serving.json").is_file()
+    assert f'"lr": {best["train.lr"]}' in run([*dvc, "exp", "show", "--json"], work, env)
     before = _what_the_server_would_serve(work)
     assert before.startswith("serves "), before
     run(["git", "add", "dvc.yaml", "dvc.lock", "params.yaml", ".gitignore"], work, env)  # as users commit a run
-    run(["git", "commit", "-qm", "a run"], work, {**env, **GIT_IDENTITY})
+    run(["git", "commit", "-qm", "a run"], work, env)
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["train"]["seed"] = 1  # another model: every stage from train on reruns
     (work / "params.yaml").write_text(yaml.safe_dump(params))
@@ -281,15 +299,17 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("name", "through"),
-    [("torchvision/mobilenet_v3_small", "card"), ("timm/mobilenetv3_small_050", "evaluate")],
+    [("torchvision/mobilenet_v3_small", "card"), ("timm/mobilenetv3_small_050", "optimize")],
 )
 def test_your_own_model_on_your_own_photos_through_the_pipeline(
     project: tuple[Path, dict[str, str]], tmp_path: Path, real_photo_folder: Path, name: str, through: str
 ) -> None:
     """Only params changed: a 6-class folder of real photos (JPEG and PNG, several sizes, some greyscale), padded
-    to squares, a library network with weights from a local .safetensors file: `dvc repro` runs through evaluate
-    (and the card); `pipeline serve` answers with the folder's class names,
-    the card names the network and the weights' sha256, and the pruned variant went through Torch-Pruning."""
+    to squares, a library network with weights from a local .safetensors file: `dvc repro` runs through optimize
+    (each library's network: the weights load, it trains, Torch-Pruning prunes it and it exports to ONNX) and, for
+    one of them, on through the card (what follows optimize reads ONNX files, whatever network made them):
+    `pipeline serve` answers with the folder's class names, evaluate measured those answers, and the card names the
+    network and the weights' sha256."""
     import json
 
     import httpx
@@ -331,9 +351,10 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
         and pruned["details"]["macs"]
         < 0.9 * next(v for v in manifest["variants"] if v["name"] == "fp32")["details"]["macs"]
     )
-    card = (work / "reports/model_card.md").read_text() if (work / "reports/model_card.md").exists() else ""
-    if through == "card":  # (a network's container and its deploy: the digits folder's test above)
-        assert f"`{name}`" in card and sha256_of(weights) in card
+    if through == "optimize":
+        return
+    card = (work / "reports/model_card.md").read_text()  # (a network's container and deploy: the digits folder's test)
+    assert f"`{name}`" in card and sha256_of(weights) in card
     server = start_server(
         work / "models", tmp_path, {"model_name": "signs", "variant": "auto", "max_body_bytes": 1 << 23}
     )
@@ -353,32 +374,6 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
         f"{name}: served accuracy {json.loads((work / 'reports/evaluate/metrics.json').read_text())['accuracy']:.4f}"
         f" on {len(files)} held-out files (2 epochs from random weights: the plumbing, not a recipe)"
     )
-
-
-@pytest.mark.slow
-def test_the_tuned_winner_goes_through_the_pipeline_in_one_command(project: tuple[Path, dict[str, str]]) -> None:
-    """`pipeline tune`, then the documented `dvc exp run $(cat reports/tune/best.args)`: the best values land in the
-    experiment's params and every stage to the card runs with them."""
-
-    work, env = project
-    env = dict(env, **GIT_IDENTITY)
-    tiny_pipeline_params(work)
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["tune"].update({"trials": 2, "epochs": 2, "space": {"train.lr": {"choices": [0.01, 0.003]}}})
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    run(["git", "add", "-A"], work, env)
-    run(["git", "commit", "-qm", "baseline"], work, env)
-    dvc = [sys.executable, "-m", "dvc"]
-    run([*dvc, "repro", "prepare"], work, env)
-    run([sys.executable, "-m", "pipeline.cli", "tune"], work, env)
-    best = yaml.safe_load((work / "reports/tune/best.yaml").read_text())
-    args = (work / "reports/tune/best.args").read_text().split()
-    assert args == ["-S", f"train.lr={best['train.lr']}"]
-    run([*dvc, "exp", "run", *args, "card"], work, env)
-    assert yaml.safe_load((work / "params.yaml").read_text())["train"]["lr"] == best["train.lr"]
-    assert (work / "reports/model_card.md").is_file() and (work / "models/serving.json").is_file()
-    shown = run([*dvc, "exp", "show", "--json"], work, env)
-    assert f'"lr": {best["train.lr"]}' in shown
 
 
 def test_queued_experiments_on_the_demo_and_on_a_folder_run_with_their_data_copied_in(
