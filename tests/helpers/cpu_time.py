@@ -1,11 +1,14 @@
 """The CPU time each test costs (its process and the subprocesses it waited for: stages, servers, `dvc repro`; not
 what the Docker engine or act's containers spend), beside its wall time: the suite's budget is CPU on two cores,
-and wall time under three workers says little about one test. `make test` prints the tests that cost most."""
+and wall time under three workers says little about one test. `make test` prints the tests that cost most;
+PYTEST_CPU_TIME_FILE=path writes every test's cost there (tab-separated, costliest first)."""
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -46,5 +49,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     total = sum(cost for cost, _ in _costs)
     terminalreporter.section(f"CPU time per test: {total / 60:.1f} min in all, the {SHOWN} costliest")
-    for cost, nodeid in sorted(_costs, reverse=True)[:SHOWN]:
+    ranked = sorted(_costs, reverse=True)
+    for cost, nodeid in ranked[:SHOWN]:
         terminalreporter.write_line(f"{cost:8.1f}s  {100 * cost / total:4.1f}%  {nodeid}")
+    if path := os.environ.get("PYTEST_CPU_TIME_FILE"):
+        Path(path).write_text("".join(f"{cost:.2f}\t{nodeid}\n" for cost, nodeid in ranked))
