@@ -123,6 +123,31 @@ def real_sample_trained(real_sample_data: tuple[str, Path], tmp_path_factory: py
 
 
 @pytest.fixture(scope="session")
+def real_sample_optimized(real_sample_trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """real_sample_trained after the real optimize stage (no pruning, 256 calibration images; the default gate):
+    fp32, its ONNX export, both int8 variants, judged on the real test files. Made once for the int8 test and the
+    drift test (copy it before changing anything)."""
+
+    def build(base: Path) -> None:
+        import contextlib
+        import shutil
+
+        import yaml
+
+        from pipeline.stages import optimize
+
+        work = base / "project"
+        shutil.copytree(real_sample_trained, work, symlinks=True)
+        raw = yaml.safe_load((work / "params.yaml").read_text())
+        raw["optimize"] = {"prune_amount": 0.0, "calibration_images": 256}
+        (work / "params.yaml").write_text(yaml.safe_dump(raw))
+        with contextlib.chdir(work):
+            optimize.run(parse_params(raw))
+
+    return built_once(tmp_path_factory, "real-sample-optimized", build) / "project"
+
+
+@pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder after the real prepare -> train -> optimize stages on the tests' synthetic images:
     data/prepared, models/ (manifest + ONNX variants), as the server, benchmark and container consume. Shared by

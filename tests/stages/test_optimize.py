@@ -385,23 +385,12 @@ def test_shipped_variants_run_and_agree(optimized: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_int8_within_gate_on_real_sample(real_sample_trained: Path, workdir: Path) -> None:
+def test_int8_within_gate_on_real_sample(real_sample_optimized: Path) -> None:
     """prepare -> train (a few epochs) -> optimize on the real sample: ONNX Runtime's int8 (what the server ships)
     and torchao's pt2e int8 stay within a point of fp32 on the 645 real test images, and each is shipped exactly
-    when it passes the default 0.5-point gate. (On an AVX-512 VNNI Xeon, pt2e lost 4 images of 645, 0.62 points, on
-    this 6-epoch model and was rejected, and int8 ONNX lost 5, 0.78 points, at 7fa9ee5 as at this commit; on AVX2
-    and AVX-512 EPYC machines both passed. The shipped model's drop is the gate's business, on its own recipe.)"""
-    import shutil
-
-    import yaml
-
-    from pipeline.stages.optimize import run
-
-    shutil.copytree(real_sample_trained, workdir, symlinks=True, dirs_exist_ok=True)  # prepare + train, 6 epochs
-    raw = yaml.safe_load(Path("params.yaml").read_text())
-    raw["optimize"] = {"prune_amount": 0.0, "calibration_images": 256}
-    run(parse_params(raw))
-    manifest = json.loads(Path("models/manifest.json").read_text())
+    when it passes the default 0.5-point gate (on one machine pt2e lost 0.62 points and was rejected while on
+    others both passed: docs/stages.md, optimize; the shipped model's drop is the gate's business, on its recipe)."""
+    manifest = json.loads((real_sample_optimized / "models/manifest.json").read_text())
     by_name = {v["name"]: v for v in manifest["variants"]}
     assert manifest["test_images"] == 645
     fp32 = by_name["fp32"]["served_accuracy"]
