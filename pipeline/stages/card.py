@@ -25,7 +25,7 @@ from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.prepared import PREPARED_DIR, DataSubject, PreparedManifest, read_manifest
-from pipeline.artifacts.variants import ModelManifest
+from pipeline.artifacts.variants import ModelManifest, Variant
 from pipeline.artifacts.variants import read_manifest as read_model_manifest
 from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
@@ -81,6 +81,54 @@ def build(
     served_input = bool(predictions.served_predicted)
     predicted = predictions.served_predicted if served_input else predictions.predicted
     labels = predictions.labels
+    variant = _measured_variant(evaluation, predictions, manifest, predicted)
+    figures = compute_metrics(
+        np.asarray(labels), np.asarray(predicted), predictions.classes, len(evaluation.worst_classes)
+    )
+    pairs = Counter((a, p) for a, p in zip(labels, predicted, strict=True) if a != p)
+    per_class, worst = _class_results(prepared, figures, labels, predicted, pairs, predictions.classes)
+    trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == "fp32"), None)
+    return model_card.ModelCard(
+        model_name=params.serve.model_name,
+        architecture=manifest.architecture,
+        initial_weights=manifest.initial_weights,
+        num_classes=manifest.num_classes,
+        image_size=manifest.image_size,
+        recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},
+        recipe_name=params.recipe,
+        title=params.serve.title,
+        gate=_gate(),
+        data=_data_facts(prepared, params.train.train_on_val),
+        evaluation=model_card.EvaluationFacts(
+            model=f"the shipped variant `{variant.name}`",
+            measured_on=evaluation.measured_on,
+            images=figures["images"],
+            accuracy=figures["accuracy"],
+            accuracy_ci95=model_card.wilson_interval(figures["images"] - figures["errors"], figures["images"]),
+            roi_accuracy=evaluation.roi_accuracy,
+            macro_f1=figures["macro_f1"],
+            errors=figures["errors"],
+            per_class=per_class,
+            worst=worst,
+            trained_accuracy=evaluation.trained_accuracy,
+            trained_roi_accuracy=evaluation.trained_roi_accuracy,
+            trained_errors=evaluation.trained_errors,
+        ),
+        shipped=_shipped(variant, choice, report, made_from(variant, manifest.variants, trained_macs)),
+        failure_modes=_failure_modes(
+            prepared, figures, evaluation.roi_accuracy, labels, predicted, pairs, predictions.classes, served_input
+        ),
+    )
+
+
+def _measured_variant(
+    evaluation: evaluation_file.EvaluationMetrics,
+    predictions: predictions_file.Predictions,
+    manifest: ModelManifest,
+    predicted: list[int],
+) -> Variant:
+    """The variant evaluate measured, once its two files agree with each other and with models/."""
+    labels = predictions.labels
     correct = sum(int(a == p) for a, p in zip(labels, predicted, strict=True))
     if (
         len(labels) != evaluation.images
@@ -97,13 +145,20 @@ def build(
             f"evaluate measured another {variant.name} file ({predictions.model_version}) than models/ holds "
             f"({variant.sha256[:12]}): rerun `pipeline evaluate`"
         )
-    figures = compute_metrics(
-        np.asarray(labels), np.asarray(predicted), predictions.classes, len(evaluation.worst_classes)
-    )
-    classes = predictions.classes
+    return variant
+
+
+def _class_results(
+    prepared: PreparedManifest,
+    figures: dict[str, Any],
+    labels: list[int],
+    predicted: list[int],
+    pairs: Counter[tuple[int, int]],
+    classes: list[str],
+) -> tuple[list[model_card.ClassResult], list[model_card.ClassResult]]:
+    """Every class's result with what it was taken for (and example files), and the worst of them."""
     names = [Path(n).name for n in prepared.test_files] or [f"test image {i}" for i in range(len(labels))]
     train_counts = prepared.splits["train"].per_class
-    pairs = Counter((a, p) for a, p in zip(labels, predicted, strict=True) if a != p)
 
     def result(class_id: int, accuracy: float, support: int) -> model_card.ClassResult:
         confused = sorted(((p, n) for (a, p), n in pairs.items() if a == class_id), key=lambda x: (-x[1], x[0]))
@@ -129,56 +184,21 @@ def build(
 
     per_class = [result(c["class_id"], c["accuracy"], c["support"]) for c in figures["per_class"].values()]
     by_id = {c.class_id: c for c in per_class}
-    worst = [by_id[w["class_id"]] for w in figures["worst_classes"] if w["class_id"] in by_id]
-    trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == "fp32"), None)
-    return model_card.ModelCard(
-        model_name=params.serve.model_name,
-        architecture=manifest.architecture,
-        initial_weights=manifest.initial_weights,
-        num_classes=manifest.num_classes,
-        image_size=manifest.image_size,
-        recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},
-        recipe_name=params.recipe,
-        title=params.serve.title,
-        gate=_gate(),
-        data=model_card.DataFacts(
-            dataset=prepared.dataset,
-            classes=prepared.classes,
-            split_counts={name: split.count for name, split in prepared.splits.items()},
-            train_per_class=train_counts,
-            validation=_validation(prepared, params.train.train_on_val),
-            content_sha256=prepared.content_sha256,
-            unreadable_files=prepared.bad_images.count,
-            framing=prepared.framing,
-            crop=prepared.crop,
-            subject=prepared.subject,
-        ),
-        evaluation=model_card.EvaluationFacts(
-            model=f"the shipped variant `{variant.name}`",
-            measured_on=evaluation.measured_on,
-            images=figures["images"],
-            accuracy=figures["accuracy"],
-            accuracy_ci95=model_card.wilson_interval(figures["images"] - figures["errors"], figures["images"]),
-            roi_accuracy=evaluation.roi_accuracy,
-            macro_f1=figures["macro_f1"],
-            errors=figures["errors"],
-            per_class=per_class,
-            worst=worst,
-            trained_accuracy=evaluation.trained_accuracy,
-            trained_roi_accuracy=evaluation.trained_roi_accuracy,
-            trained_errors=evaluation.trained_errors,
-        ),
-        shipped=_shipped(variant, choice, report, made_from(variant, manifest.variants, trained_macs)),
-        failure_modes=_failure_modes(
-            prepared,
-            figures,
-            evaluation.roi_accuracy,
-            labels,
-            predicted,
-            pairs,
-            classes,
-            served_input,
-        ),
+    return per_class, [by_id[w["class_id"]] for w in figures["worst_classes"] if w["class_id"] in by_id]
+
+
+def _data_facts(prepared: PreparedManifest, trained_on_val: bool) -> model_card.DataFacts:
+    return model_card.DataFacts(
+        dataset=prepared.dataset,
+        classes=prepared.classes,
+        split_counts={name: split.count for name, split in prepared.splits.items()},
+        train_per_class=prepared.splits["train"].per_class,
+        validation=_validation(prepared, trained_on_val),
+        content_sha256=prepared.content_sha256,
+        unreadable_files=prepared.bad_images.count,
+        framing=prepared.framing,
+        crop=prepared.crop,
+        subject=prepared.subject,
     )
 
 

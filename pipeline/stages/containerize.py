@@ -102,59 +102,10 @@ def run(params: Params) -> None:
     short = revision[:12] + ("-dirty" if dirty else "")
     label_source = source_url(config)
     tags = [f"{config.image}:{short}", f"{config.image}:model-{model.version}", f"{config.image}:latest"]
-    builds: list[dict[str, Any]] = []
-    for platform_name in dict.fromkeys(config.platforms):
-        arch = platform_arch(platform_name)
-        native = f"linux/{arch}" == engine.native_platform
-        base = base_for(config, arch, native)
-        eng.ensure_base_image(engine, base, arch, "containerize: ")
-        if not native:
-            _ensure_emulation()
-        wheels = ctx.download_wheels(f"linux/{arch}", ctx.wheel_cache_dir() / arch)
-        context_dir = Path(tempfile.mkdtemp(prefix=f"server-image-{arch}-"))
-        digest = ctx.stage_context(context_dir, MODELS_DIR, model, wheels, Path("params.yaml"), f"linux/{arch}")
-        platform_tags = tags if native else [f"{t}-{arch}" for t in tags]
-        log(f"containerize: building {platform_tags[0]} for linux/{arch} from {base} ...")
-        build_args = {
-            "BASE_IMAGE": base,
-            "SOURCE_URL": label_source,
-            "REVISION": revision,
-            "MODEL_VERSION": model.version,
-            "MODEL_VARIANT": model.variant,
-            "IMAGE_TITLE": config.image.rsplit("/", 1)[-1],
-            "IMAGE_DESCRIPTION": params.serve.title,
-        }
-        try:
-            seconds = eng.build(
-                engine,
-                context_dir,
-                context_dir / "Dockerfile",
-                platform_tags,
-                build_args,
-                platform_name=None if native else f"linux/{arch}",
-                buildkit=config.buildkit,
-                log_path=REPORT_DIR / f"build-{arch}.log",
-            )
-        finally:
-            shutil.rmtree(context_dir, ignore_errors=True)
-        info = eng.inspect_image(engine, platform_tags[0])
-        builds.append(
-            {
-                "platform": f"linux/{arch}",
-                "image_platform": eng.image_platform(info),
-                "id": info["Id"],
-                "tags": platform_tags,
-                "size_bytes": int(info["Size"]),
-                "size_mb": round(int(info["Size"]) / 1e6, 1),
-                "build_seconds": round(seconds, 1),
-                "base_image": base,
-                "context_digest": digest,
-            }
-        )
-        log(
-            f"containerize: {platform_tags[0]} ({eng.image_platform(info)}) id {info['Id'][7:19]}, "
-            f"{int(info['Size']) / 1e6:.0f} MB, built in {seconds:.0f} s"
-        )
+    builds = [
+        _build_platform(params, engine, model, platform_name, tags, revision, label_source)
+        for platform_name in dict.fromkeys(config.platforms)
+    ]
     native_build = next((b for b in builds if b["platform"] == engine.native_platform), builds[0])
     report = image_file.ImageRecord(
         skipped=False,
@@ -179,6 +130,62 @@ def run(params: Params) -> None:
         + "\n"
     )
     _track(params, report)
+
+
+def _build_platform(
+    params: Params, engine: Any, model: Any, platform_name: str, tags: list[str], revision: str, label_source: str
+) -> dict[str, Any]:
+    """One platform's image: its base, the staged context (wheels of that platform), the build, what it made."""
+    config = params.containerize
+    arch = platform_arch(platform_name)
+    native = f"linux/{arch}" == engine.native_platform
+    base = base_for(config, arch, native)
+    eng.ensure_base_image(engine, base, arch, "containerize: ")
+    if not native:
+        _ensure_emulation()
+    wheels = ctx.download_wheels(f"linux/{arch}", ctx.wheel_cache_dir() / arch)
+    context_dir = Path(tempfile.mkdtemp(prefix=f"server-image-{arch}-"))
+    digest = ctx.stage_context(context_dir, MODELS_DIR, model, wheels, Path("params.yaml"), f"linux/{arch}")
+    platform_tags = tags if native else [f"{t}-{arch}" for t in tags]
+    log(f"containerize: building {platform_tags[0]} for linux/{arch} from {base} ...")
+    build_args = {
+        "BASE_IMAGE": base,
+        "SOURCE_URL": label_source,
+        "REVISION": revision,
+        "MODEL_VERSION": model.version,
+        "MODEL_VARIANT": model.variant,
+        "IMAGE_TITLE": config.image.rsplit("/", 1)[-1],
+        "IMAGE_DESCRIPTION": params.serve.title,
+    }
+    try:
+        seconds = eng.build(
+            engine,
+            context_dir,
+            context_dir / "Dockerfile",
+            platform_tags,
+            build_args,
+            platform_name=None if native else f"linux/{arch}",
+            buildkit=config.buildkit,
+            log_path=REPORT_DIR / f"build-{arch}.log",
+        )
+    finally:
+        shutil.rmtree(context_dir, ignore_errors=True)
+    info = eng.inspect_image(engine, platform_tags[0])
+    log(
+        f"containerize: {platform_tags[0]} ({eng.image_platform(info)}) id {info['Id'][7:19]}, "
+        f"{int(info['Size']) / 1e6:.0f} MB, built in {seconds:.0f} s"
+    )
+    return {
+        "platform": f"linux/{arch}",
+        "image_platform": eng.image_platform(info),
+        "id": info["Id"],
+        "tags": platform_tags,
+        "size_bytes": int(info["Size"]),
+        "size_mb": round(int(info["Size"]) / 1e6, 1),
+        "build_seconds": round(seconds, 1),
+        "base_image": base,
+        "context_digest": digest,
+    }
 
 
 def _ensure_emulation() -> None:

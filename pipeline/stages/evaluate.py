@@ -257,21 +257,15 @@ def run(params: Params) -> None:
     cfg = params.evaluate
     model, payload = model_file.read()
     manifest = read_manifest(PREPARED_DIR)
-    if manifest.image_size != int(payload["arch"]["image_size"]):
-        raise StageError(
-            f"{model_file.MODEL_PATH} was trained at {payload['arch']['image_size']} px but {PREPARED_DIR} holds "
-            f"{manifest.image_size} px images: rerun `pipeline train`"
-        )
+    _check_size(
+        f"{model_file.MODEL_PATH} was trained at", int(payload["arch"]["image_size"]), manifest.image_size, "train"
+    )
     shipped, shipped_sha256 = open_shipped(params)
+    _check_size(f"the shipped variant {shipped.variant} takes", shipped.image_size, manifest.image_size, "optimize")
     # Both networks run each batch: the trained one's layer outputs stand for the shipped one's (never larger).
     batch_size = Budget.of(params.memory_gb, model, manifest.image_size).eval_batch(
         cfg.batch_size, "evaluate.batch_size"
     )
-    if shipped.image_size != manifest.image_size:
-        raise StageError(
-            f"the shipped variant {shipped.variant} takes {shipped.image_size} px images but {PREPARED_DIR} holds "
-            f"{manifest.image_size} px: rerun `pipeline optimize`"
-        )
     test = ModelInput.of_split("test", PREPARED_DIR)
     labels = test.labels
     classes = list(payload.get("classes") or manifest.classes)
@@ -310,66 +304,91 @@ def run(params: Params) -> None:
                 served_predicted=[] if served is None else served.tolist(),
             )
         )
-        mlrun.log_dataset(
-            manifest.dataset,
-            PREPARED_DIR,
-            manifest.content_sha256,
-            {s: info.count for s, info in manifest.splits.items()},
-            "evaluation",
-        )
-        mlrun.log_headline(
-            {
-                "test_accuracy": metrics["accuracy"],
-                "test_roi_accuracy": metrics["roi_accuracy"],
-                "test_macro_f1": metrics["macro_f1"],
-            }
-        )
-        mlrun.log_metrics(
-            {
-                "test_errors": metrics["errors"],
-                "trained_test_accuracy": metrics["trained_accuracy"],
-                "trained_test_roi_accuracy": metrics["trained_roi_accuracy"],
-                **({"whole_vs_roi_gap_points": metrics["whole_vs_roi_gap_points"]} if served is not None else {}),
-            }
-        )
-        mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
-        for name in (
-            "metrics.json",
-            "confusion.csv",
-            "confusion.png",
-            "per_class.png",
-            "predictions.json",
-            "drift_reference.json",
-        ):
-            mlrun.log_artifact(EVAL_REPORTS / name, "reports")
-        worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
-        console.log(
-            f"{shipped.variant} (what the image ships): test accuracy {metrics['accuracy']:.4f} on "
-            f"{metrics['measured_on']} ({metrics['errors']} errors in {metrics['images']}), macro F1 "
-            f"{metrics['macro_f1']:.4f}; ROI crops {metrics['roi_accuracy']:.4f}; the trained model "
-            f"{metrics['trained_accuracy']:.4f} / {metrics['trained_roi_accuracy']:.4f}"
-            + (f"; worst: {worst}" if worst else "")
-        )
+        _log_results(mlrun, manifest, metrics, served is not None)
+        _say(shipped.variant, metrics)
         champion = champion_accuracy(params, shipped_sha256, classes, batch_size)
         gate = quality_gate(params, metrics, shipped_sha256, champion)
-        gate_file.write(gate)
-        mlrun.log_artifact(gate_file.GATE_PATH, "reports")
-        mlrun.set_tags({"gate": "passed" if gate.passed else "failed"})
-        if champion is not None:
-            mlrun.log_metrics({"champion_test_accuracy": champion.accuracy})
-        for check in gate.checks:
-            console.log(f"evaluate: gate {check.name} {'passed' if check.passed else 'FAILED'}: {check.detail}")
+        _record_gate(mlrun, gate, champion)
         if gate.passed:
-            from pipeline.tracking import set_champion, why_not_promote
-
-            reason = why_not_promote(cfg.promote)
-            version = None if reason else set_champion(params, shipped.variant, shipped_sha256)
-            if reason:
-                console.log(f"evaluate: the champion stays where it is ({reason}); `pipeline promote` moves it")
-            elif version:
-                console.log(f"evaluate: registry version {version} ({shipped.variant}) is now the champion")
-            mlrun.set_tags({"promoted": version or "no"})
+            _promote(params, mlrun, shipped.variant, shipped_sha256)
     if not gate.passed:
         raise StageError(
             f"quality gate failed, {shipped.variant} is not served: {gate.failures()} (see {gate_file.GATE_PATH})"
         )
+
+
+def _check_size(what: str, size: int, prepared_size: int, rerun: str) -> None:
+    """The trained model and the shipped file take the prepared images' size (else: which stage to rerun)."""
+    if size != prepared_size:
+        raise StageError(
+            f"{what} {size} px but {PREPARED_DIR} holds {prepared_size} px images: rerun `pipeline {rerun}`"
+        )
+
+
+def _log_results(mlrun: Any, manifest: Any, metrics: dict[str, Any], whole_files: bool) -> None:
+    mlrun.log_dataset(
+        manifest.dataset,
+        PREPARED_DIR,
+        manifest.content_sha256,
+        {s: info.count for s, info in manifest.splits.items()},
+        "evaluation",
+    )
+    mlrun.log_headline(
+        {
+            "test_accuracy": metrics["accuracy"],
+            "test_roi_accuracy": metrics["roi_accuracy"],
+            "test_macro_f1": metrics["macro_f1"],
+        }
+    )
+    mlrun.log_metrics(
+        {
+            "test_errors": metrics["errors"],
+            "trained_test_accuracy": metrics["trained_accuracy"],
+            "trained_test_roi_accuracy": metrics["trained_roi_accuracy"],
+            **({"whole_vs_roi_gap_points": metrics["whole_vs_roi_gap_points"]} if whole_files else {}),
+        }
+    )
+    mlrun.log_metrics({f"class_accuracy/{v['class_id']:02d}": v["accuracy"] for v in metrics["per_class"].values()})
+    for name in (
+        "metrics.json",
+        "confusion.csv",
+        "confusion.png",
+        "per_class.png",
+        "predictions.json",
+        "drift_reference.json",
+    ):
+        mlrun.log_artifact(EVAL_REPORTS / name, "reports")
+
+
+def _say(variant: str, metrics: dict[str, Any]) -> None:
+    worst = ", ".join(f"{w['name']} {w['accuracy']:.2f}" for w in metrics["worst_classes"] if w["accuracy"] < 1)
+    console.log(
+        f"{variant} (what the image ships): test accuracy {metrics['accuracy']:.4f} on "
+        f"{metrics['measured_on']} ({metrics['errors']} errors in {metrics['images']}), macro F1 "
+        f"{metrics['macro_f1']:.4f}; ROI crops {metrics['roi_accuracy']:.4f}; the trained model "
+        f"{metrics['trained_accuracy']:.4f} / {metrics['trained_roi_accuracy']:.4f}"
+        + (f"; worst: {worst}" if worst else "")
+    )
+
+
+def _record_gate(mlrun: Any, gate: Any, champion: Any) -> None:
+    gate_file.write(gate)
+    mlrun.log_artifact(gate_file.GATE_PATH, "reports")
+    mlrun.set_tags({"gate": "passed" if gate.passed else "failed"})
+    if champion is not None:
+        mlrun.log_metrics({"champion_test_accuracy": champion.accuracy})
+    for check in gate.checks:
+        console.log(f"evaluate: gate {check.name} {'passed' if check.passed else 'FAILED'}: {check.detail}")
+
+
+def _promote(params: Params, mlrun: Any, variant: str, sha256: str) -> None:
+    """A passed gate moves the registry's champion where evaluate.promote allows it (the default branch)."""
+    from pipeline.tracking import set_champion, why_not_promote
+
+    reason = why_not_promote(params.evaluate.promote)
+    version = None if reason else set_champion(params, variant, sha256)
+    if reason:
+        console.log(f"evaluate: the champion stays where it is ({reason}); `pipeline promote` moves it")
+    elif version:
+        console.log(f"evaluate: registry version {version} ({variant}) is now the champion")
+    mlrun.set_tags({"promoted": version or "no"})

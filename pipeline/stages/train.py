@@ -196,21 +196,7 @@ def worker(
     val_split = None if t.train_on_val else load_split("val", prepared)
     loader = TrainLoader(train_split, t.batch_size, t.seed, rank, world, AugmentConfig.of(params.augment))
 
-    torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
-    weights, state = initial_weights(params)
-    # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
-    model = build_model(params, manifest, weights, state).to(device=d.device)
-    budget = Budget.of(params.memory_gb, model, manifest.image_size, d.device)
-    model = distributed.wrap_model(model, t.strategy, d)
-    # A gentler, or frozen, backbone protects pretrained features; random weights have none to protect.
-    pretrained = state is not None
-    frozen_steps = t.freeze_backbone_epochs * loader.steps_per_epoch if pretrained else 0
-    lr_factor = t.backbone_lr_factor if pretrained else 1.0
-    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, lr_factor, frozen_steps)
-    forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
-    per_process = -(-t.batch_size // world)
-    micro_batch = budget.micro_batch(per_process, nets.count_parameters(model), "train.batch_size", d.main)
-    eval_batch_size = budget.eval_batch(t.eval_batch_size, "train.eval_batch_size", d.main)
+    weights, model, optim, forward, micro_batch, eval_batch_size = _trainable(params, manifest, loader, d, world)
 
     trainer: dict[str, Any] = {
         "history": [],
@@ -276,28 +262,12 @@ def worker(
                 _kill_for_the_test()
         elapsed = clock.seconds()
         trainer["train_seconds"] += elapsed
-
-        loss_tensor = torch.tensor(
-            [trainer["epoch_loss"], trainer["epoch_samples"], session_samples / max(elapsed, 1e-9)],
-            dtype=torch.float64,
-        )
-        if world > 1:
-            dist.all_reduce(loss_tensor)
         val_acc = (
             None
             if val_split is None
             else accuracy(model, eval_batches(val_split, eval_batch_size, d.rank, d.world), d, amp)
         )
-        entry = {
-            "epoch": epoch + 1,
-            "train_loss": float(loss_tensor[0] / max(1.0, float(loss_tensor[1]))),
-            "val_accuracy": val_acc,
-            "lr": lr,
-            "images_per_s": float(loss_tensor[2]),
-        }
-        trainer["epoch_loss"], trainer["epoch_samples"] = 0.0, 0
-        if not (trainer["history"] and trainer["history"][-1]["epoch"] == entry["epoch"]):
-            trainer["history"].append(entry)
+        entry = _close_epoch(trainer, epoch + 1, lr, val_acc, session_samples / max(elapsed, 1e-9), world)
         if d.main:
             console.log(
                 f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {_figure(val_acc)}, "
@@ -309,10 +279,7 @@ def worker(
             break
 
     if nets.is_backbone(params.model.name) and best["state"] is None:
-        # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
-        # EfficientNet): re-estimated on up to 2,048 training images, so eval mode sees this data's statistics.
-        spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
-        recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
+        _recalibrate(model, loader, eval_batch_size, d, amp)
     if last_saved != step:
         _save_checkpoint(params, manifest, world, step, model, optim, loader, trainer, clock, d)
     full = best["state"] if best["state"] is not None else ckpt.full_state_dict(model)
@@ -325,6 +292,60 @@ def worker(
         summary = _summary(params, trainer, best, step, len(train_split), nets.count_parameters(model), world, d)
     d.barrier()
     return summary
+
+
+def _trainable(
+    params: Params, manifest: Any, loader: TrainLoader, d: Any, world: int
+) -> tuple[WeightsInfo | None, nn.Module, torch.optim.Optimizer, nn.Module, int, int]:
+    """This process's network (initial weights, wrapped for the strategy), its optimizer, the forward to call
+    (compiled or not), and the micro- and evaluation batch sizes its memory budget allows."""
+    t = params.train
+    torch.manual_seed(t.seed)  # the initial weights: the same on every rank, for any number of ranks
+    weights, state = initial_weights(params)
+    # Inputs are channels-last, so convolutions run channels-last; parameters stay contiguous (FSDP2 needs it).
+    model = build_model(params, manifest, weights, state).to(device=d.device)
+    budget = Budget.of(params.memory_gb, model, manifest.image_size, d.device)
+    model = distributed.wrap_model(model, t.strategy, d)
+    # A gentler, or frozen, backbone protects pretrained features; random weights have none to protect.
+    pretrained = state is not None
+    frozen_steps = t.freeze_backbone_epochs * loader.steps_per_epoch if pretrained else 0
+    lr_factor = t.backbone_lr_factor if pretrained else 1.0
+    optim = make_optimizer(model, t.optimizer, t.lr, params.regularize.weight_decay, lr_factor, frozen_steps)
+    forward: nn.Module = torch.compile(model) if t.compile else model  # type: ignore[assignment]
+    per_process = -(-t.batch_size // world)
+    micro_batch = budget.micro_batch(per_process, nets.count_parameters(model), "train.batch_size", d.main)
+    eval_batch_size = budget.eval_batch(t.eval_batch_size, "train.eval_batch_size", d.main)
+    return weights, model, optim, forward, micro_batch, eval_batch_size
+
+
+def _close_epoch(
+    trainer: dict[str, Any], epoch: int, lr: float, val_acc: float | None, images_per_s: float, world: int
+) -> dict[str, Any]:
+    """The epoch's record (loss and speed summed over the processes) joins the history, once; the sums restart."""
+    loss_tensor = torch.tensor(
+        [trainer["epoch_loss"], trainer["epoch_samples"], images_per_s],
+        dtype=torch.float64,
+    )
+    if world > 1:
+        dist.all_reduce(loss_tensor)
+    entry = {
+        "epoch": epoch,
+        "train_loss": float(loss_tensor[0] / max(1.0, float(loss_tensor[1]))),
+        "val_accuracy": val_acc,
+        "lr": lr,
+        "images_per_s": float(loss_tensor[2]),
+    }
+    trainer["epoch_loss"], trainer["epoch_samples"] = 0.0, 0
+    if not (trainer["history"] and trainer["history"][-1]["epoch"] == entry["epoch"]):
+        trainer["history"].append(entry)
+    return entry
+
+
+def _recalibrate(model: nn.Module, loader: TrainLoader, eval_batch_size: int, d: Any, amp: Any) -> None:
+    # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
+    # EfficientNet): re-estimated on up to 2,048 training images, so eval mode sees this data's statistics.
+    spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
+    recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
 
 
 class _EpochClock:
