@@ -35,6 +35,8 @@ from pipeline.errors import StageError
 TUNE_REPORTS = REPORTS_DIR / "tune"
 STORAGE_ENV = "PIPELINE_TUNE_STORAGE"
 DEFAULT_STORAGE = "sqlite:///tune.db"
+STORAGE_ATTEMPTS = 5
+STORAGE_RACES = ("already exists", "UNIQUE constraint failed", "duplicate key", "database is locked")
 HEARTBEAT_S = 5  # a killed process's running trial is failed once its heartbeat is 2x this old
 
 
@@ -96,6 +98,23 @@ def suggest(trial: Any, key: str, spec: SearchRange, kind: str) -> Any:
     return trial.suggest_float(key, float(spec.low or 0.0), float(spec.high or 0.0), log=spec.log)
 
 
+def open_storage(url: str) -> Any:
+    """Optuna's RDB storage at `url`, made on first use. Two processes making one store at once race in its table
+    creation (one sees "table ... already exists" or a duplicate schema version): the loser opens it again, made."""
+    import optuna
+
+    attempt = 1
+    while True:
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            if attempt == STORAGE_ATTEMPTS or not any(race in first for race in STORAGE_RACES):
+                raise StageError(f"tune storage {url}: cannot be opened ({first})") from None
+        time.sleep(0.2 * attempt)
+        attempt += 1
+
+
 def make_study(params: Params) -> Any:
     import optuna
 
@@ -111,14 +130,8 @@ def make_study(params: Params) -> Any:
         pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=epochs)
     else:
         pruner = optuna.pruners.NopPruner()
-    url = storage_url(params)
-    try:
-        storage = optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise StageError(f"tune storage {url}: cannot be opened ({first})") from None
     return optuna.create_study(
-        storage=storage,
+        storage=open_storage(storage_url(params)),
         study_name=study_name(params),
         direction="maximize",
         sampler=sampler,
