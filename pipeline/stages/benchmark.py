@@ -133,22 +133,18 @@ def run_setup(setup: Setup, config: BenchmarkConfig, timeout_s: float, throughpu
 SGEMM_SIDE = 2048
 
 
-def measure_sgemm(timeout_s: float, seconds: float = 1.0) -> dict[str, float]:
+def measure_sgemm(seconds: float = 1.0) -> dict[str, float]:
     """The machine's fp32 multiply-add rate (GMAC/s) on a large matrix multiply, all cores, by each library the
-    runtimes use (torch.mm: the build's BLAS; ONNX Runtime's MatMul: MLAS), in a fresh interpreter as the setups
-    are. The faster is the roofline of the per-variant table: one library alone can understate what the cores do
-    (docs/stages.md, benchmark). Empty when it cannot be measured. `seconds` per library: benchmark.min_seconds, as
-    for the setups."""
-    command = [sys.executable, "-m", "pipeline.stages.benchmark", "--sgemm", str(seconds)]
+    runtimes use (torch.mm: the build's BLAS; ONNX Runtime's MatMul: MLAS). The faster is the roofline of the
+    per-variant table: one library alone can understate what the cores do (docs/stages.md, benchmark). Measured in
+    the stage's own process, after the setups: it has torch loaded for the machine facts and sets no switch a setup
+    sets (threads, oneDNN, fast-math), so a fresh interpreter would measure the same and cost its start-up. Empty
+    when it cannot be measured. `seconds` per library: benchmark.min_seconds, as for the setups."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
+        return _sgemm_rates(seconds)
+    except Exception as exc:  # a roofline is context, never a reason to fail the stage
+        log(f"benchmark: roofline not measured ({type(exc).__name__}: {str(exc)[:200]})")
         return {}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    return {k: float(v) for k, v in json.loads(lines[-1]).items()} if done.returncode == 0 and lines else {}
-
-
-# ---- the worker: runs in its own process -----------------------------------------------------------------
 
 
 def _best_rate(call: Any, seconds: float = 1.0, rounds: int = 3) -> float:
@@ -184,6 +180,9 @@ def _sgemm_rates(seconds: float) -> dict[str, float]:
     feed = {"a": a.numpy(), "b": b.numpy()}  # torch.rand is float32 already
     rates["onnxruntime MatMul"] = _best_rate(lambda: session.run(None, feed), seconds) * n**3 / 1e9
     return rates
+
+
+# ---- the worker: runs in its own process -----------------------------------------------------------------
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
@@ -597,7 +596,7 @@ def run(params: Params) -> None:
             steps.finished(setup.label, summary)
         chosen = choose(results, config)
         rounds = headline_rounds(chosen, results, config)
-        sgemm = measure_sgemm(config.timeout_s, config.min_seconds)
+        sgemm = measure_sgemm(config.min_seconds)
         log(f"benchmark: roofline, fp32 sgemm on all cores (GMAC/s): {json.dumps(sgemm) if sgemm else 'not measured'}")
         report: dict[str, Any] = {
             "machine": machine,
@@ -722,10 +721,7 @@ def compare(paths: Sequence[Path], batch: int = 32) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON | --sgemm
-    if sys.argv[1] == "--sgemm":
-        print(json.dumps(_sgemm_rates(float(sys.argv[2]))), flush=True)
-    else:
-        worker_setup = Setup(**json.loads(sys.argv[1]))
-        worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
-        print(json.dumps(measure(worker_setup, worker_config, "--throughput-only" in sys.argv[3:])), flush=True)
+if __name__ == "__main__":  # worker entry: python -m pipeline.stages.benchmark SETUP_JSON CONFIG_JSON
+    worker_setup = Setup(**json.loads(sys.argv[1]))
+    worker_config = BenchmarkConfig.model_validate_json(sys.argv[2])
+    print(json.dumps(measure(worker_setup, worker_config, "--throughput-only" in sys.argv[3:])), flush=True)
