@@ -27,8 +27,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.config import ServeConfig
+from pipeline.images.preprocess import Box
 from pipeline.monitoring import drift
-from pipeline.preprocess import Box
 from pipeline.serve.access import UNAUTHORIZED_BODY, RequestContext, flush_access_log, log_request, request_id
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
 from pipeline.serve.model import ServedModel

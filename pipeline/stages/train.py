@@ -48,7 +48,7 @@ from pipeline.artifacts.prepared import (
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
 from pipeline.training import distributed
