@@ -98,7 +98,7 @@ docs: $(UV)
 	NO_MKDOCS_2_WARNING=1 UV_PROJECT_ENVIRONMENT=$(DOCS_VENV) $(UV) run --frozen --only-group docs mkdocs build --strict
 
 mlflow-ui: env
-	@$(UV) run --frozen python -m pipeline.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT
+	@$(UV) run --frozen python -m pipeline.machine.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT
 	$(UV) run --frozen mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 act: env

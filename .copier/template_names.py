@@ -63,7 +63,7 @@ NAMES: list[tuple[str, str, str]] = [
     ("mkdocs.yml", "site_name: GTSRB MLOps pipeline template", "site_name: {project_name}"),
     # the server, the image, the CLI
     ("pipeline/artifacts/image.py", "gtsrb-server", "{image_name}"),
-    ("pipeline/mlflow_model.py", "gtsrb-classifier", "{registered_model_name}"),
+    ("pipeline/tracking/mlflow_model.py", "gtsrb-classifier", "{registered_model_name}"),
     ("pipeline/cli.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("pipeline/tracking/team_stack.py", '"gtsrb-platform:latest"', '"{project_name}-platform:latest"'),
     ("benchmarks/serve.py", "gtsrb", "{model_name}"),  # the served model's name in the peers' comparison

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.artifacts import model as model_file
     from pipeline.artifacts.prepared import read_manifest
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.serve.protocol import decode_images
 
     exclude = {p.stem for p in args.exclude.iterdir()} if args.exclude else set()

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from pipeline import preprocess
+from pipeline.images import preprocess
 from pipeline.serve.protocol import decode_images
 
 

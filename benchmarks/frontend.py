@@ -31,7 +31,7 @@ from PIL import Image
 
 from benchmarks.serve import BOUNDARY, WRK_DONE, cpu_seconds, run_wrk
 from pipeline import machine
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 
 WRK_SCRIPT = """local f = assert(io.open("%(body)s", "rb"))
 local body = f:read("*all")

@@ -47,7 +47,7 @@ import yaml
 from PIL import Image
 
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 
 BOUNDARY = "----loadtest7MA4YWxkTrZu0gW"
 
@@ -70,7 +70,7 @@ def files_as_sent(prepared: Path, count: int, send: str = "original") -> list[tu
     PPMs, the JPEGs a camera wrote) or, with send="png", re-encoded as PNG (as deploy's smoke test sends them); the
     first `count`; the prepared crops as PNG only when prepare kept no files (an older prepare)."""
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.client import encode
+    from pipeline.serve.client import encode
 
     originals = read_test_files(prepared)[:count]
     if originals:

@@ -241,7 +241,7 @@ def predict(
 ) -> None:
     """Classify image files with the served model (the server's own preprocessing), or through a server."""
     loaded = _load(params)
-    from pipeline import predict as predictor
+    from pipeline.serve import predict as predictor
 
     try:
         code = predictor.run(loaded, paths, url, model, top_k, as_json)

@@ -628,7 +628,7 @@ class Params(Section):
     memory_gb: float = Field(4.0, ge=0.0, le=65536.0)
     """The resident memory a stage may use on the CPU, in GB: evaluation batches larger than fit at the data's image
     size are lowered, and a training batch is stepped as micro-batches whose gradients add up (the same update).
-    Logged when it happens; 0 = no limit (pipeline/memory_budget.py)."""
+    Logged when it happens; 0 = no limit (pipeline/machine/memory_budget.py)."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

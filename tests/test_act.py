@@ -75,7 +75,7 @@ def test_monitor_workflows_drift_job_runs_under_act(benchmarked_project: Path, t
 
     from pipeline.artifacts import drift_reference
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.client import encode, multipart
+    from pipeline.serve.client import encode, multipart
     from tests.helpers.server import start_server
 
     def send(url: str, files: list[bytes]) -> None:

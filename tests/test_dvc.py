@@ -230,7 +230,7 @@ def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str,
     import httpx
     import numpy as np
 
-    from pipeline.client import predict_files
+    from pipeline.serve.client import predict_files
     from tests.helpers.digits import write_digits_folder
     from tests.helpers.server import start_server
 
@@ -316,7 +316,7 @@ def test_your_own_model_on_your_own_photos_through_the_pipeline(
     from safetensors.torch import save_file
 
     from pipeline.architectures.backbones import library_network, sha256_of
-    from pipeline.client import predict_files
+    from pipeline.serve.client import predict_files
     from tests.helpers.server import start_server
 
     work, env = project

@@ -21,7 +21,7 @@ NO_OUTPUT_EFFECT = {
     "pipeline/tracking/__init__.py",
     "pipeline/config.py",
     "pipeline/data/sources.py",  # read by config's validation, like config itself
-    "pipeline/ports.py",
+    "pipeline/machine/ports.py",
 }
 
 

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.artifacts import DATA_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Framing, Interpolation, Resize
+from pipeline.images.preprocess import NO_CROP, Framing, Interpolation, Resize
 
 PREPARED_DIR = DATA_DIR / "prepared"
 MANIFEST_FILE = "manifest.json"
@@ -71,7 +71,7 @@ def to_model_input(images: np.ndarray) -> np.ndarray:
 class ModelInput:
     """Images as every runtime's predict() takes them, one batch at a time: float32 [n, 3, S, S] in [0, 1] made
     from uint8 rows [N, S, S, 3] (a split's shards, or the original test files decoded once into a scratch file:
-    pipeline/served_input.py), labels in memory. What evaluate, optimize and benchmark hold is one batch, not the
+    pipeline/images/served_input.py), labels in memory. What evaluate, optimize and benchmark hold is one batch, not the
     split: 20,000 images at 224 px would be 12 GB as float32."""
 
     def __init__(self, rows: Callable[[int, int], np.ndarray], labels: np.ndarray) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.artifacts import MODELS_DIR
 from pipeline.artifacts._files import read_model, write_model
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Framing, Interpolation, Resize
+from pipeline.images.preprocess import NO_CROP, Framing, Interpolation, Resize
 
 MANIFEST_NAME = "manifest.json"
 VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 
 class Preprocess(_Strict):
-    """How a request image becomes the model input (pipeline/preprocess.py implements it)."""
+    """How a request image becomes the model input (pipeline/images/preprocess.py implements it)."""
 
     roi_margin: float
     """Margin kept around a sign's ROI box when one is given (fraction of the box per side)."""

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from pipeline.data.listing import SignFile
-from pipeline.preprocess import BadImage, Framing, peek_image
+from pipeline.images.preprocess import BadImage, Framing, peek_image
 
 CHUNK = 64  # files per task: amortises the round trip (~0.1 ms) over many decodes
 

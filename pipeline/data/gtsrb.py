@@ -9,7 +9,7 @@ from pathlib import Path
 from pipeline.artifacts.prepared import DataSubject
 from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
-from pipeline.preprocess import Box
+from pipeline.images.preprocess import Box
 
 CLASS_NAMES: tuple[str, ...] = (
     "Speed limit (20km/h)",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.artifacts.prepared import DataSubject
 from pipeline.errors import StageError
-from pipeline.preprocess import Box
+from pipeline.images.preprocess import Box
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".ppm", ".pgm", ".pbm", ".bmp", ".webp", ".gif"})
 MAX_CLASSES = 256  # labels are stored as uint8

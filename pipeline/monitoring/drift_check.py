@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import drift_reference
-from pipeline.client import http
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.monitoring import drift
 from pipeline.monitoring.probe import REPORT_DIR, resolve_url
+from pipeline.serve.client import http
 
 
 def fetch_reference(base: str, timeout_s: float, path: Path | None) -> Any:

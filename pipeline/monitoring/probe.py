@@ -25,10 +25,10 @@ import numpy as np
 
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts.prepared import MANIFEST_FILE, PREPARED_DIR, read_split, read_test_files
-from pipeline.client import encode, http, multipart, top1
 from pipeline.config import MONITOR_URL_ENV, MonitorConfig, Params
 from pipeline.console import log
 from pipeline.errors import StageError
+from pipeline.serve.client import encode, http, multipart, top1
 
 REPORT_DIR = REPORTS_DIR / "monitor"
 COUNTERS = ("inference_requests", "inference_errors")  # the server's Prometheus counters (pipeline/serve/app.py)
@@ -85,7 +85,7 @@ def labelled_images(params: Params) -> tuple[list[bytes], np.ndarray]:
         targets = test.labels.tolist()
     else:
         from pipeline.data.sources import lister
-        from pipeline.preprocess import BadImage, open_image
+        from pipeline.images.preprocess import BadImage, open_image
 
         listed = lister(params.data.source)(params.data.resolved_root(), False).test
         if listed is None:

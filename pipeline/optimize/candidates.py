@@ -27,16 +27,16 @@ from torch import nn
 from pipeline import console
 from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
+from pipeline.artifacts.checksum import sha256_of
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, PreparedManifest, read_split
 from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Preprocess, Variant
-from pipeline.checksum import sha256_of
 from pipeline.config import OptimizeConfig, Params
 from pipeline.errors import StageError
-from pipeline.memory_budget import Budget
+from pipeline.images.served_input import served_test_input
+from pipeline.machine.memory_budget import Budget
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
 from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file, runtimes_for
-from pipeline.served_input import served_test_input
 
 
 def load_images(split: str, image_size: int) -> ModelInput:

@@ -14,7 +14,7 @@ from pipeline.architectures import nets
 from pipeline.artifacts.prepared import read_manifest
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, training_images
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.training.distributed import amp_dtype
 from pipeline.training.engine import Engine, Loss, make_optimizer, one_cycle_lr, recalibrate_batchnorm
 

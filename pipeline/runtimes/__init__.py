@@ -10,8 +10,8 @@ from __future__ import annotations
 import pkgutil
 from pathlib import Path
 
+from pipeline.artifacts.checksum import sha256_of
 from pipeline.artifacts.variants import ModelManifest, Variant, read_manifest
-from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
 from pipeline.runtimes.base import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Backend, Opener, Runtime
 

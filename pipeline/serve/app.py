@@ -7,7 +7,6 @@ the dynamic batcher; the queue is bounded (503 + Retry-After) and each request h
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import re
 import time
@@ -27,10 +26,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.config import ServeConfig
+from pipeline.images.preprocess import Box
 from pipeline.monitoring import drift
-from pipeline.preprocess import Box
 from pipeline.serve.access import UNAUTHORIZED_BODY, RequestContext, flush_access_log, log_request, request_id
 from pipeline.serve.batcher import BatchStats, Draining, DynamicBatcher, QueueFull
+from pipeline.serve.guard import BodyLimit, ClientGone, Guard
 from pipeline.serve.model import ServedModel
 from pipeline.serve.protocol import (
     BINARY_HEADER,
@@ -57,60 +57,6 @@ INLINE_DECODE_PIXELS = 256 * 256
 
 
 CLIENT_ERRORS = (400, 408, 413, 415, 422, 431, 503, 504)
-
-
-def body_timeout_message(timeout_s: float) -> str:
-    return f"request body not received within {timeout_s} s (serve.body_timeout_s)"
-
-
-class BodyTooLarge(HTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body larger than {limit} bytes (serve.max_body_bytes)")
-
-
-class BodyLimit:
-    """Refuse bodies over the limit: by Content-Length up front, and while streaming otherwise; and bodies
-    that do not arrive within `timeout_s` (a slow sender holds a connection and a worker's buffer: 408)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.timeout_s = timeout_s
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for key, value in scope["headers"]:
-            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                response = JSONResponse({"error": BodyTooLarge(self.max_bytes).detail}, status_code=413)
-                await response(scope, receive, send)
-                return
-        seen = 0
-        complete = False
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-
-        async def limited() -> Message:
-            nonlocal seen, complete
-            if complete:  # after the body only a disconnect can come: no deadline on waiting for it
-                return await receive()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise HTTPException(  # and close: the rest of that body must not be read as the next request
-                    408,
-                    body_timeout_message(self.timeout_s),
-                    {"Connection": "close"},
-                ) from None
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
-                complete = not message.get("more_body", False)
-            return message
-
-        await self.app(scope, limited, send)
 
 
 class Metrics:
@@ -291,35 +237,24 @@ def _refusal(
 
 class HotPath:
     """The inference routes (POST /v1/predict, /v2/models/{name}[/versions/{version}]/infer) as one flat ASGI callable,
-    outermost (it wraps the FastAPI app): request id, auth, body limit and deadline, metrics and the access log inline,
-    the answer sent as two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and
-    FastAPI's router and Request/Response objects were a quarter of a request's CPU (the profile in docs/serving.md).
-    Each protection gives the answer the stack gives: 401 (compared in constant time), 413 by Content-Length and while
-    streaming, 408 + close for a slow body (one timer for the whole body), 503 + Retry-After, 504, JSON errors, the
-    route's template as the metrics label. A multipart body the fast splitter does not take (`protocol.multipart_files`
+    outermost (it wraps the FastAPI app): request id, the guard (token, body size and deadline: guard.py, the same
+    checks the middleware stack applies to every other request), metrics and the access log inline, the answer sent as
+    two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and FastAPI's router and
+    Request/Response objects were a quarter of a request's CPU (the profile in docs/serving.md). Each refusal is the
+    answer the stack gives: 401, 413 by Content-Length and while streaming, 408 + close for a slow body, 503 +
+    Retry-After, 504, JSON errors, the route's template as the metrics label. A multipart body the fast splitter does not take (`protocol.multipart_files`
     None) and every other method and path go down the stack as before: the body already read is replayed, under the same
     request id."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        predict: Any,
-        infer: Any,
-        metrics: Metrics,
-        token: str | None,
-        access_log: bool,
-        max_body_bytes: int,
-        body_timeout_s: float,
+        self, app: ASGIApp, predict: Any, infer: Any, metrics: Metrics, guard: Guard, access_log: bool
     ) -> None:
         self.app = app
         self.predict = predict  # async (content type, body) -> Answer | None (None: the general parser's body)
         self.infer = infer  # async (name, version | None, body, binary header | None, request id) -> Answer
         self.metrics = metrics
-        self.token = f"Bearer {token}".encode() if token else None
+        self.guard = guard
         self.access_log = access_log
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = body_timeout_s
-        self.too_large = BodyTooLarge(max_body_bytes).detail
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = _inference_route(scope)
@@ -345,7 +280,7 @@ class HotPath:
                     response = [(b"content-type", kind), (b"content-length", b"%d" % len(content)), rid_header, *extra]
             except (HTTPException, _Refused) as exc:
                 status, content, response = _refusal(exc, rid_header)
-            except _ClientGone:
+            except ClientGone:
                 status = 499  # nginx's "client closed request": nothing to answer
                 return
             except Exception as exc:  # as the app's handler: never a bare 500 page
@@ -366,11 +301,10 @@ class HotPath:
         self, match: re.Match[str] | None, headers: _RequestHeaders, rid: str, receive: Receive
     ) -> tuple[bytes, Answer | None]:
         """The body read and its answer, or a refusal raised (_Refused, HTTPException)."""
-        if self.token is not None and not hmac.compare_digest(headers.authorization, self.token):
+        if not self.guard.authorized(headers.authorization):
             raise _Refused(401, "", {"WWW-Authenticate": 'Bearer realm="inference"'})
-        if headers.length > self.max_body_bytes:
-            raise _Refused(413, self.too_large)
-        body = await self.read_body(receive)
+        self.guard.check_length(headers.length)
+        body = await self.guard.read_body(receive)
         if match is None:
             return body, await self.predict(headers.content_type.decode("latin-1"), body)
         binary = headers.binary.decode("latin-1") or None
@@ -383,31 +317,6 @@ class HotPath:
             client = scope.get("client")
             where = f"{client[0]}:{client[1]}" if client else None
             log_request(rid, "POST", scope["path"], status, seconds, where, sent)
-
-    async def read_body(self, receive: Receive) -> bytes:
-        """The whole body within serve.body_timeout_s (one timer) and serve.max_body_bytes."""
-        chunks: list[bytes] = []
-        seen = 0
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        raise _ClientGone()
-                    chunk = message.get("body", b"")
-                    seen += len(chunk)
-                    if seen > self.max_body_bytes:
-                        raise _Refused(413, self.too_large)
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:  # and close: the rest of that body must not be read as the next request
-            raise _Refused(408, body_timeout_message(self.body_timeout_s), {"Connection": "close"}) from None
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-class _ClientGone(Exception):
-    pass
 
 
 def _with_request_id(scope: Scope, rid: str) -> Scope:
@@ -836,10 +745,12 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         ),
         lifespan=_lifespan(core),
     )
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
+    # One guard, two layers: HotPath applies it to the inference routes, this stack to every other request.
+    guard = Guard(core.token, config.max_body_bytes, config.body_timeout_s)
+    app.add_middleware(BodyLimit, guard=guard)
     app.add_middleware(Observe, metrics=core.metrics)  # sees every response, 413s included
     # outermost: every answer (401, 413, 503 included) carries the request id and gets its log line
-    app.add_middleware(RequestContext, token=core.token, access_log=config.access_log)
+    app.add_middleware(RequestContext, guard=guard, access_log=config.access_log)
     _answer_errors_as_json(app)
     schemas = Schemas()
     _oip_routes(app, core, schemas)
@@ -861,8 +772,6 @@ def create_app(config: ServeConfig, model: ServedModel) -> HotPath:
         predict=core.predict_answer,
         infer=core.infer_answer,
         metrics=core.metrics,
-        token=core.token,
+        guard=guard,
         access_log=config.access_log,
-        max_body_bytes=config.max_body_bytes,
-        body_timeout_s=config.body_timeout_s,
     )

@@ -29,7 +29,7 @@ from pipeline.artifacts import MODELS_DIR
 from pipeline.config import Params, parse_params
 from pipeline.console import log
 from pipeline.errors import StageError
-from pipeline.ports import ensure_free
+from pipeline.machine.ports import ensure_free
 
 # Set by the supervisor for its workers: the inherited listening socket and the params they serve.
 WORKER_FD_ENV = "PIPELINE_SERVE_SOCKET_FD"

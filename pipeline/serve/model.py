@@ -15,8 +15,8 @@ from pipeline.artifacts.drift_reference import DriftReference, read_for
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import ServeConfig
 from pipeline.errors import StageError
+from pipeline.images.preprocess import Framing
 from pipeline.machine import usable_cpus
-from pipeline.preprocess import Framing
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from python_multipart.multipart import parse_options_header
 
-from pipeline.preprocess import BadImage, Box, Framing, UnsupportedFormat, peek_image
+from pipeline.images.preprocess import BadImage, Box, Framing, UnsupportedFormat, peek_image
 
 BINARY_HEADER = "inference-header-content-length"
 MAX_DIMENSION = 1 << 20  # any one tensor dimension; the real limits (batch, image side) are checked after

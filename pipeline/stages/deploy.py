@@ -23,11 +23,11 @@ from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts import image as image_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_split, read_test_files
-from pipeline.client import SmokeResult, encode, infer_files, predict_files, smoke_test
 from pipeline.config import DeployConfig, Params
 from pipeline.console import Steps, log
 from pipeline.errors import StageError
-from pipeline.ports import ensure_free
+from pipeline.machine.ports import ensure_free
+from pipeline.serve.client import SmokeResult, encode, infer_files, predict_files, smoke_test
 from pipeline.ship import container
 from pipeline.ship import docker_engine as eng
 

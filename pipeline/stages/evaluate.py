@@ -37,8 +37,8 @@ from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, read_manifest,
 from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
 from pipeline.errors import StageError
-from pipeline.memory_budget import Budget
-from pipeline.served_input import served_test_input
+from pipeline.images.served_input import served_test_input
+from pipeline.machine.memory_budget import Budget
 from pipeline.tracking import stage_run
 
 EVAL_REPORTS = REPORTS_DIR / "evaluate"

@@ -26,7 +26,7 @@ from pipeline.artifacts import model as model_file
 from pipeline.artifacts import variants as variants_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
 from pipeline.config import Params
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.optimize.candidates import Optimizer, build_manifest, markdown_table
 from pipeline.tracking import stage_run, tracking_uri
 

@@ -35,7 +35,7 @@ from pipeline.data import sources
 from pipeline.data.decode import decoded
 from pipeline.data.listing import Listing, SignFile
 from pipeline.errors import StageError
-from pipeline.preprocess import NO_CROP, Crop, Framing, Interpolation
+from pipeline.images.preprocess import NO_CROP, Crop, Framing, Interpolation
 from pipeline.tracking import stage_run
 
 REPORT_DIR = REPORTS_DIR / "prepare"

@@ -48,7 +48,7 @@ from pipeline.artifacts.prepared import (
 from pipeline.config import Params
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
 from pipeline.training import distributed
@@ -198,32 +198,11 @@ def worker(
 
     weights, model, optim, forward, micro_batch, eval_batch_size = _trainable(params, manifest, loader, d, world)
 
-    trainer: dict[str, Any] = {
-        "history": [],
-        "epoch_loss": 0.0,
-        "epoch_samples": 0,
-        "train_seconds": 0.0,
-        "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
-    }
-    if resume is not None:
-        trainer = _resumed(resume, model, optim, loader, trainer, d.main)
-
+    trainer = _new_trainer() if resume is None else _resumed(resume, model, optim, loader, _new_trainer(), d.main)
     spe = loader.steps_per_epoch
     total = t.epochs * spe
-
     lr_at = partial(one_cycle_lr, total=total, peak=t.lr, warmup_fraction=t.warmup_fraction)
-    prior_shift = _prior_shift(t.logit_adjustment, loader.split.labels, len(manifest.classes), d.device)
-    engine = Engine(
-        model,
-        optim,
-        lr_at,
-        Loss(label_smoothing=params.regularize.label_smoothing, prior_shift=prior_shift),
-        forward=forward,
-        d=d,
-        amp=amp,
-        seed=t.seed,
-        micro_batch=micro_batch,
-    )
+    engine = _engine(params, len(manifest.classes), loader, model, optim, forward, lr_at, d, amp, micro_batch)
 
     step = loader.epoch * spe + loader.step_in_epoch
     kill_after = _kill_after_step()
@@ -267,13 +246,8 @@ def worker(
             if val_split is None
             else accuracy(model, eval_batches(val_split, eval_batch_size, d.rank, d.world), d, amp)
         )
-        entry = _close_epoch(trainer, epoch + 1, lr, val_acc, session_samples / max(elapsed, 1e-9), world)
-        if d.main:
-            console.log(
-                f"epoch {epoch + 1}/{t.epochs}: loss {entry['train_loss']:.4f}, val accuracy {_figure(val_acc)}, "
-                f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
-            )
-            _log_epoch(log, entry)
+        rate = session_samples / max(elapsed, 1e-9)
+        _close_epoch(trainer, (epoch + 1, t.epochs), lr, val_acc, rate, world, log if d.main else None)
         if patience and val_acc is not None and _stale_for(patience, best, val_acc, model, epoch + 1, d.main):
             trainer["stopped_early"] = True
             break
@@ -292,6 +266,36 @@ def worker(
         summary = _summary(params, trainer, best, step, len(train_split), nets.count_parameters(model), world, d)
     d.barrier()
     return summary
+
+
+def _new_trainer() -> dict[str, Any]:
+    """What a run carries from epoch to epoch and through a checkpoint."""
+    return {
+        "history": [],
+        "epoch_loss": 0.0,
+        "epoch_samples": 0,
+        "train_seconds": 0.0,
+        "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
+    }
+
+
+def _engine(
+    params: Params,
+    classes: int,
+    loader: TrainLoader,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    forward: nn.Module,
+    lr_at: Callable[[int], float],
+    d: Any,
+    amp: torch.dtype | None,
+    micro_batch: int,
+) -> Engine:
+    """The step: the loss (label smoothing, the classes' prior shift), the schedule, autocast, micro-batches."""
+    t = params.train
+    prior_shift = _prior_shift(t.logit_adjustment, loader.split.labels, classes, d.device)
+    loss = Loss(label_smoothing=params.regularize.label_smoothing, prior_shift=prior_shift)
+    return Engine(model, optim, lr_at, loss, forward=forward, d=d, amp=amp, seed=t.seed, micro_batch=micro_batch)
 
 
 def _trainable(
@@ -319,9 +323,17 @@ def _trainable(
 
 
 def _close_epoch(
-    trainer: dict[str, Any], epoch: int, lr: float, val_acc: float | None, images_per_s: float, world: int
-) -> dict[str, Any]:
-    """The epoch's record (loss and speed summed over the processes) joins the history, once; the sums restart."""
+    trainer: dict[str, Any],
+    epoch_of: tuple[int, int],
+    lr: float,
+    val_acc: float | None,
+    images_per_s: float,
+    world: int,
+    log: Callable[[Mapping[str, float], int], None] | None,
+) -> None:
+    """The epoch's record (loss and speed summed over the processes) joins the history, once; the sums restart.
+    `epoch_of`: (this epoch, counted from 1; the run's epochs). `log`: the main process's, to the console and MLflow."""
+    epoch, epochs = epoch_of
     loss_tensor = torch.tensor(
         [trainer["epoch_loss"], trainer["epoch_samples"], images_per_s],
         dtype=torch.float64,
@@ -338,7 +350,12 @@ def _close_epoch(
     trainer["epoch_loss"], trainer["epoch_samples"] = 0.0, 0
     if not (trainer["history"] and trainer["history"][-1]["epoch"] == entry["epoch"]):
         trainer["history"].append(entry)
-    return entry
+    if log is not None:
+        console.log(
+            f"epoch {epoch}/{epochs}: loss {entry['train_loss']:.4f}, val accuracy {_figure(val_acc)}, "
+            f"lr {lr:.2e}, {entry['images_per_s']:.0f} images/s"
+        )
+        _log_epoch(log, entry)
 
 
 def _recalibrate(model: nn.Module, loader: TrainLoader, eval_batch_size: int, d: Any, amp: Any) -> None:

@@ -353,14 +353,12 @@ def promote(params: Params, version: str = "", variant: str = "", sha256: str = 
     return version
 
 
-MODEL_DEFINITION = (
-    Path(__file__).parent.parent / "mlflow_model.py"
-)  # models-from-code: loading imports, never unpickles
+MODEL_DEFINITION = Path(__file__).parent / "mlflow_model.py"  # models-from-code: loading imports, never unpickles
 
 
 def log_variant_model(models_dir: Path, variant: Any, example: bytes, metadata: Mapping[str, Any]) -> Any:
     """Log shipped `variant` (a manifest Variant) of `models_dir` as an MLflow model of the active run, defined by
-    pipeline/mlflow_model.py: the registry's model classifies image files as the server does. Returns mlflow's
+    pipeline/tracking/mlflow_model.py: the registry's model classifies image files as the server does. Returns mlflow's
     ModelInfo (`model_uri`, `model_id`)."""
     import shutil
     import tempfile

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from pipeline.errors import StageError
-from pipeline.ports import ensure_free, free_port
+from pipeline.machine.ports import ensure_free, free_port
 
 ARTIFACT_BUCKET = "mlflow"
 DVC_BUCKET = "dvc"

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.checksum import sha256_of
+from pipeline.artifacts.checksum import sha256_of
 from pipeline.errors import StageError
 
 MARKER = "COMPLETE.json"

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.errors import StageError
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 
 __all__ = ["Dist", "free_port"]
 

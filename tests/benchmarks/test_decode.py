@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from benchmarks import decode
-from pipeline import preprocess
+from pipeline.images import preprocess
 
 
 def test_both_decoders_timed_side_by_side_give_the_same_tensor(

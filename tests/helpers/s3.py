@@ -20,7 +20,7 @@ KEYS = {"AWS_ACCESS_KEY_ID": "tests-s3", "AWS_SECRET_ACCESS_KEY": "tests-s3-secr
 @contextlib.contextmanager
 def weed_s3(bucket: str = "dvc") -> Iterator[str]:
     """The S3 endpoint URL (keys: KEYS); skips the test when SeaweedFS is not installed (make env installs it)."""
-    from pipeline.ports import free_port
+    from pipeline.machine.ports import free_port
     from pipeline.tracking.team_stack import Ports
 
     weed = shutil.which("weed") or str(Path(sys.executable).with_name("weed"))

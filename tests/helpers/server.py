@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import yaml
 
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 from tests.helpers import REPO
 from tests.helpers.params import with_test_names
 

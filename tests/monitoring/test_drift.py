@@ -103,7 +103,7 @@ def test_a_reference_with_other_buckets_is_refused() -> None:
 def _send(url: str, files: list[bytes]) -> None:
     import httpx
 
-    from pipeline.client import multipart
+    from pipeline.serve.client import multipart
 
     with httpx.Client(timeout=30) as client:
         for start in range(0, len(files), 8):
@@ -143,8 +143,8 @@ def test_monitor_drift_passes_a_replay_and_names_what_changed(real_sample_optimi
 
     from pipeline.artifacts import drift_reference
     from pipeline.artifacts.prepared import PREPARED_DIR, read_test_files
-    from pipeline.client import encode
     from pipeline.config import parse_params
+    from pipeline.serve.client import encode
     from pipeline.stages import evaluate
     from tests.helpers.digits import write_digits_folder
     from tests.helpers.server import start_server

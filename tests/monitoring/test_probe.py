@@ -17,8 +17,8 @@ import yaml
 
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
+from pipeline.machine.ports import free_port
 from pipeline.monitoring import probe as monitor
-from pipeline.ports import free_port
 from tests.helpers import REPO
 from tests.helpers.params import with_test_names
 from tests.helpers.server import Server, start_server
@@ -65,7 +65,7 @@ def test_healthy_server_passes_and_reports(server: Server, project: Path) -> Non
 
     # The default source: the test split's original files, whole, as users send them.
     from pipeline.artifacts.prepared import read_manifest, read_test_files
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.serve.protocol import decode_images
 
     originals = read_test_files(project / "data" / "prepared")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 from tests.helpers import REPO
 from tests.helpers.server import start_server
 
@@ -106,7 +106,7 @@ def test_monitor_drift_reads_the_signals_from_a_real_prometheus(benchmarked_proj
 
     from pipeline.artifacts import drift_reference
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.client import encode, multipart
+    from pipeline.serve.client import encode, multipart
 
     prometheus = _tool("prometheus")
     # the variant evaluate counted the reference on (the benchmark's choice, which differs between machines)

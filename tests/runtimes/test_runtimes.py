@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.artifacts.checksum import sha256_of
 from pipeline.artifacts.variants import InputSpec, ModelManifest, Preprocess, Variant, write_manifest
-from pipeline.checksum import sha256_of
 from pipeline.errors import StageError
 from pipeline.runtimes import open_runtime, read_manifest
 from tests.helpers import REPO

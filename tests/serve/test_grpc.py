@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 from tests.helpers.server import Server, start_server
 from tests.serve.test_server import png
 

@@ -11,7 +11,7 @@ import pytest
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from pipeline.preprocess import Framing
+from pipeline.images.preprocess import Framing
 from pipeline.serve.protocol import BadRequest, decode_images, multipart_files, peek_images, pixel_count
 
 

@@ -43,7 +43,7 @@ def test_the_table_serves_the_card_and_the_drift_reference() -> None:
 
 
 def test_a_new_route_is_one_file_and_one_line(models_dir: Path, tmp_path: Path) -> None:
-    from pipeline.client import encode
+    from pipeline.serve.client import encode
 
     code = package_with(tmp_path / "code", "serve/routes/top1.py", TOY_ROUTE, "serve/routes/__init__.py",
                         '    "drift-reference":', TABLE_LINE)  # fmt: skip

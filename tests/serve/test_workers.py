@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
+from pipeline.machine.ports import free_port
 from pipeline.monitoring import drift
-from pipeline.ports import free_port
 from tests.helpers.server import start_server
 from tests.serve.test_connection import sigterm_under_load
 from tests.serve.test_server import png

@@ -157,7 +157,7 @@ def docker(*args: str, check: bool = True, timeout: float = 300) -> subprocess.C
 @pytest.fixture(scope="session")
 def local_registry() -> Iterator[str]:
     """A registry on 127.0.0.1 (docker/registry-up.sh: Debian's docker-registry), stopped afterwards."""
-    from pipeline.ports import free_port
+    from pipeline.machine.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.client import http as request
-from pipeline.client import infer_fp32, predict_png
 from pipeline.errors import StageError
+from pipeline.serve.client import http as request
+from pipeline.serve.client import infer_fp32, predict_png
 from pipeline.ship import container
 from tests.ship.conftest import Image, chdir, docker
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 from pipeline.tracking import team_stack
 from tests.helpers import REPO
 from tests.helpers.project import GIT_IDENTITY

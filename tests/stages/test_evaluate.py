@@ -197,7 +197,7 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
     import mlflow
 
     from pipeline.artifacts import variants as variants_file
-    from pipeline.ports import free_port
+    from pipeline.machine.ports import free_port
     from pipeline.stages import containerize
     from pipeline.stages.optimize import register_variants
 

@@ -333,7 +333,7 @@ def test_registered_versions_are_mlflow_models_that_classify_image_files(
     from PIL import Image
 
     from pipeline.config import ServeConfig
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.serve.model import load_served_model
     from pipeline.serve.protocol import decode_images
 
@@ -531,7 +531,7 @@ def test_every_variant_records_its_served_accuracy_on_the_original_files(tiny_pr
     """optimize measures each variant on what users send (the original test files, whole, decoded by the
     server's code): the figure deploy's smoke test must reproduce through the API."""
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.runtimes import open_runtime, read_manifest
     from pipeline.serve.protocol import decode_images
 
@@ -551,7 +551,7 @@ def test_the_gate_judges_only_images_no_variant_learnt_from(tiny_project: Path) 
     drop is the disagreement, and no validation figure enters it."""
     from pipeline.artifacts.prepared import read_manifest as read_prepared
     from pipeline.artifacts.prepared import read_test_files
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.runtimes import open_runtime, read_manifest
     from pipeline.serve.protocol import decode_images
 

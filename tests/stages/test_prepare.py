@@ -164,7 +164,7 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     carries it (optimize copies that into what the server applies)."""
     from pipeline.artifacts.prepared import read_manifest
     from pipeline.config import parse_params
-    from pipeline.preprocess import Framing
+    from pipeline.images.preprocess import Framing
 
     def prepared_with(model: str, interpolation: str = "auto") -> tuple[Framing, np.ndarray]:
         base = csv_params(labels_csv, image_size=24, interpolation=interpolation)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.ports import free_port
+from pipeline.machine.ports import free_port
 from pipeline.stages import train
 from tests.helpers import REPO
 from tests.helpers.params import train_params, write_params_yaml

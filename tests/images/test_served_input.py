@@ -1,4 +1,4 @@
-"""pipeline/served_input.py and prepared.ModelInput: what evaluate, optimize and benchmark feed the models, read a batch at
+"""pipeline/images/served_input.py and prepared.ModelInput: what evaluate, optimize and benchmark feed the models, read a batch at
 a time. The figures equal the whole split's in memory, value for value, while the memory held is a batch's."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts.prepared import ModelInput, read_manifest, read_split, read_test_files
-from pipeline.preprocess import MAX_PIXELS
+from pipeline.images.preprocess import MAX_PIXELS
+from pipeline.images.served_input import served_test_input
 from pipeline.serve.protocol import decode_images
-from pipeline.served_input import served_test_input
 from tests.helpers.prepared import write_prepared
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import predict
 from pipeline.config import parse_params
 from pipeline.errors import StageError
+from pipeline.serve import predict
 from tests.helpers.server import Server, start_server
 
 

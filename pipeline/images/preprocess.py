@@ -262,7 +262,7 @@ def peek_image(source: str | bytes | io.BytesIO, max_pixels: int = MAX_PIXELS) -
     return image
 
 
-# The PNG layouts libspng decodes to exactly PIL's pixels (tests/test_preprocess.py); the others (palette, 16-bit,
+# The PNG layouts libspng decodes to exactly PIL's pixels (tests/images/test_preprocess.py); the others (palette, 16-bit,
 # grey + alpha, interlaced), files opened from a path, and any file libspng refuses stay with PIL, which words the error.
 _SPNG_MODES = ("L", "RGB", "RGBA")
 

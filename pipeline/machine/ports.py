@@ -4,7 +4,7 @@ clear one-line error when a configured port is taken.
 Defaults that do not collide: the server 8000 (serve.port), the local image registry 5000 (deploy.registry),
 the MLflow UI 5050 (`make mlflow-ui`, MLFLOW_UI_PORT), the deployed container any free port (deploy.host_port 0).
 
-    python -m pipeline.ports HOST PORT SETTING   # exit 2 with the error when PORT is taken (used by the Makefile)
+    python -m pipeline.machine.ports HOST PORT SETTING   # exit 2 with the error when PORT is taken (used by the Makefile)
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def ensure_free(host: str, port: int, setting: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3 or not args[1].isdigit():
-        print("usage: python -m pipeline.ports HOST PORT SETTING", file=sys.stderr)
+        print("usage: python -m pipeline.machine.ports HOST PORT SETTING", file=sys.stderr)
         return 2
     try:
         ensure_free(args[0], int(args[1]), args[2])

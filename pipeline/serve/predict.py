@@ -43,7 +43,7 @@ def expand(paths: list[str]) -> list[Path]:
 
 
 def in_process(params: Params, files: list[Path], top_k: int, variant: str | None) -> list[Answer]:
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.serve.model import load_served_model
     from pipeline.serve.protocol import BadRequest, decode_images, top_classes
 
@@ -67,7 +67,7 @@ def in_process(params: Params, files: list[Path], top_k: int, variant: str | Non
 
 
 def through_server(url: str, files: list[Path], top_k: int) -> list[Answer]:
-    from pipeline.client import http, multipart
+    from pipeline.serve.client import http, multipart
 
     answers = []
     for path in files:

@@ -1,4 +1,4 @@
-"""pipeline/machine.py: the CPUs a process may use, from its affinity and a cgroup CPU quota (v2 and v1)."""
+"""pipeline/machine/__init__.py: the CPUs a process may use, from its affinity and a cgroup CPU quota (v2 and v1)."""
 
 from __future__ import annotations
 

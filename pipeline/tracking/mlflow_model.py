@@ -40,7 +40,7 @@ class ServedVariant(PythonModel):
         import numpy as np
         import pandas as pd
 
-        from pipeline.preprocess import MAX_PIXELS
+        from pipeline.images.preprocess import MAX_PIXELS
         from pipeline.serve.protocol import decode_images
 
         images = list(model_input["image"]) if isinstance(model_input, pd.DataFrame) else list(model_input)

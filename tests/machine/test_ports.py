@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pipeline.errors import StageError
-from pipeline.ports import ensure_free, free_port
+from pipeline.machine.ports import ensure_free, free_port
 from tests.helpers import REPO
 
 
@@ -44,12 +44,12 @@ def test_pipeline_serve_on_a_taken_port_fails_in_one_line(taken_port: int, tmp_p
 def test_make_mlflow_ui_on_a_taken_port_names_the_variable(taken_port: int) -> None:
     """The Makefile's check, as `make mlflow-ui MLFLOW_UI_PORT=...` runs it."""
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.ports", "127.0.0.1", str(taken_port), "MLFLOW_UI_PORT"],
+        [sys.executable, "-m", "pipeline.machine.ports", "127.0.0.1", str(taken_port), "MLFLOW_UI_PORT"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2 and "MLFLOW_UI_PORT" in result.stderr and str(taken_port) in result.stderr
     makefile = (REPO / "Makefile").read_text()
-    assert "python -m pipeline.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT" in makefile
+    assert "python -m pipeline.machine.ports 127.0.0.1 $(MLFLOW_UI_PORT) MLFLOW_UI_PORT" in makefile
 
 
 def test_default_ports_do_not_collide() -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.preprocess import BadImage, box_with_margin, open_image, to_array
+from pipeline.images.preprocess import BadImage, box_with_margin, open_image, to_array
 
 
 def test_margin_grows_box_and_clips_to_image() -> None:
@@ -70,7 +70,7 @@ def test_16_bit_grey_is_scaled_to_8_bits_not_clipped(tmp_path) -> None:  # type:
     import numpy as np
     from PIL import Image
 
-    from pipeline.preprocess import open_image, to_array
+    from pipeline.images.preprocess import open_image, to_array
 
     grey = np.full((8, 8), 128 * 257, dtype=np.uint16)
     Image.fromarray(grey).save(tmp_path / "grey16.png")
@@ -113,7 +113,7 @@ def test_every_resize_mode_gives_the_server_the_tensor_prepare_made(tmp_path, re
     are equal, byte for byte (x 255), on files of several sizes, formats and modes."""
     from pipeline.data.decode import decoded
     from pipeline.data.listing import SignFile
-    from pipeline.preprocess import Framing
+    from pipeline.images.preprocess import Framing
     from pipeline.serve.protocol import decode_images
 
     framing = Framing(48, 0.1, (0.05, 0.0, 0.05, 0.1), resize, interpolation)
@@ -150,8 +150,8 @@ def test_pngs_decoded_by_libspng_give_the_model_pil_s_input_byte_for_byte(
     """The real sample's test files as PNGs of every mode users send: the server's input tensor with libspng (8-bit grey,
     RGB, RGBA) equals PIL's for every file; palette, 1-bit, grey + alpha and 16-bit stay with PIL; a truncated PNG
     gets PIL's error, word for word."""
-    from pipeline import preprocess
-    from pipeline.preprocess import Framing
+    from pipeline.images import preprocess
+    from pipeline.images.preprocess import Framing
     from pipeline.serve.protocol import BadRequest, decode_images
 
     if preprocess.pyspng is None:
@@ -201,7 +201,7 @@ def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_the_same_in_prepare_a
     the photo is not twice the output, the full decode as before."""
     from pipeline.data.decode import decoded
     from pipeline.data.listing import SignFile
-    from pipeline.preprocess import Framing, peek_image
+    from pipeline.images.preprocess import Framing, peek_image
     from pipeline.serve.protocol import decode_images
 
     y, x = np.mgrid[0:750, 0:1000]
@@ -237,7 +237,7 @@ def test_a_photo_stored_turned_with_its_exif_orientation_gives_the_upright_pixel
 
     from PIL import Image
 
-    from pipeline.preprocess import Framing, peek_image
+    from pipeline.images.preprocess import Framing, peek_image
 
     rng = np.random.default_rng(0)
     upright = Image.fromarray(rng.integers(0, 256, (30, 50, 3), dtype=np.uint8)).resize((100, 60))

@@ -1,6 +1,7 @@
-"""What machine and builds a measurement was taken on: CPU, ISA flags, cores, library versions, and the
-BLAS / oneDNN / Arm Compute Library that the installed torch was built with (read from the build,
-never assumed from the architecture: aarch64 wheels have shipped OpenBLAS and, later, NVPL)."""
+"""The machine a stage runs on. Here: what machine and builds a measurement was taken on: CPU, ISA flags, cores,
+library versions, and the BLAS / oneDNN / Arm Compute Library that the installed torch was built with (read from the
+build, never assumed from the architecture: aarch64 wheels have shipped OpenBLAS and, later, NVPL). Beside it: how
+much of it a stage may use (memory_budget.py: batch sizes within `memory_gb`) and its TCP ports (ports.py)."""
 
 from __future__ import annotations
 

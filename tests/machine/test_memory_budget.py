@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.architectures import nets
-from pipeline.memory_budget import GB, Budget, output_bytes_per_image
+from pipeline.machine.memory_budget import GB, Budget, output_bytes_per_image
 
 
 def _net(size: int) -> object:
@@ -24,7 +24,7 @@ def test_an_image_costs_the_square_of_its_size() -> None:
 
 
 def test_batches_are_lowered_only_where_they_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import memory_budget
+    from pipeline.machine import memory_budget
 
     monkeypatch.setattr(memory_budget, "resident_bytes", lambda: 400 * 2**20)  # a fresh process, not this one
     model = _net(224)
@@ -43,7 +43,7 @@ def test_batches_are_lowered_only_where_they_would_not_fit(monkeypatch: pytest.M
 STEP = """
 import json, sys, torch
 from pipeline.architectures import nets
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.training.engine import Engine, Loss, make_optimizer
 torch.set_num_threads(1)
 batch, budget_gb = int(sys.argv[1]), float(sys.argv[2])
@@ -74,7 +74,7 @@ CALIBRATE = """
 import json, sys, tempfile, numpy as np, torch
 from pathlib import Path
 from pipeline.architectures import nets
-from pipeline.memory_budget import Budget
+from pipeline.machine.memory_budget import Budget
 from pipeline.optimize import export, quantize
 torch.set_num_threads(1)
 budget_gb = float(sys.argv[1])

@@ -21,7 +21,7 @@ def served_test_input(prepared: Path = PREPARED_DIR, batch_size: int = 256) -> M
     import os
     import tempfile
 
-    from pipeline.preprocess import MAX_PIXELS
+    from pipeline.images.preprocess import MAX_PIXELS
     from pipeline.serve.protocol import BadRequest, decode_images
 
     files = read_test_files(prepared)
