@@ -84,7 +84,7 @@ class Candidate:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class Optimizer:
+class VariantMaker:
     """Makes the candidates in a staging folder and evaluates them; `run` ships the accepted ones."""
 
     def __init__(self, params: Params, staging: Path, prepared: PreparedManifest, budget: Budget | None = None) -> None:
@@ -361,7 +361,7 @@ class Optimizer:
 
 
 def build_manifest(
-    params: Params, prepared: PreparedManifest, payload: dict[str, Any], opt: Optimizer
+    params: Params, prepared: PreparedManifest, payload: dict[str, Any], opt: VariantMaker
 ) -> ModelManifest:
     size = prepared.image_size
     return ModelManifest(

@@ -22,13 +22,13 @@ class Running:
     ready_seconds: float
 
 
-def remove(engine: eng.Engine, name: str) -> None:
+def remove(engine: eng.DockerEngine, name: str) -> None:
     """Remove the container called `name` if there is one (ours: deploy always uses its own name)."""
     eng.docker(engine, ["rm", "-f", name], check=False, timeout_s=60)
 
 
 def start(
-    engine: eng.Engine,
+    engine: eng.DockerEngine,
     ref: str,
     name: str,
     host_port: int = 0,
@@ -70,7 +70,7 @@ def start(
     return Running(name=name, url=url, ready_seconds=time.perf_counter() - started)
 
 
-def stop(engine: eng.Engine, name: str, timeout_s: int = 10) -> tuple[float, int]:
+def stop(engine: eng.DockerEngine, name: str, timeout_s: int = 10) -> tuple[float, int]:
     """`docker stop` (the image's STOPSIGNAL, then SIGKILL after `timeout_s`); returns (seconds, exit code)."""
     started = time.perf_counter()
     eng.docker(engine, ["stop", "-t", str(timeout_s), name], timeout_s=timeout_s + 60)
@@ -79,12 +79,12 @@ def stop(engine: eng.Engine, name: str, timeout_s: int = 10) -> tuple[float, int
     return seconds, int(code or -1)
 
 
-def logs(engine: eng.Engine, name: str, tail: int = 50) -> str:
+def logs(engine: eng.DockerEngine, name: str, tail: int = 50) -> str:
     proc = eng.docker(engine, ["logs", "--tail", str(tail), name], check=False, timeout_s=30)
     return (proc.stdout + proc.stderr).strip()
 
 
-def push(engine: eng.Engine, local_ref: str, remote: str) -> str:
+def push(engine: eng.DockerEngine, local_ref: str, remote: str) -> str:
     """Tag `local_ref` as `remote` (registry/repository:tag), push it; returns `registry/repository@digest`."""
     eng.docker(engine, ["tag", local_ref, remote], timeout_s=60)
     layers = 0
@@ -110,7 +110,7 @@ def push(engine: eng.Engine, local_ref: str, remote: str) -> str:
     return f"{repository}@{match.group(1)}"
 
 
-def pull(engine: eng.Engine, ref: str) -> float:
+def pull(engine: eng.DockerEngine, ref: str) -> float:
     started = time.perf_counter()
     eng.docker(engine, ["pull", ref], timeout_s=1800)
     return time.perf_counter() - started

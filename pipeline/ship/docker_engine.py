@@ -33,7 +33,7 @@ class DockerError(StageError):
 
 
 @dataclass(frozen=True)
-class Engine:
+class DockerEngine:
     cli: str
     server_version: str
     os_arch: str  # e.g. linux/amd64
@@ -47,7 +47,7 @@ def _arch_name(machine: str) -> str:
     return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine.lower(), machine)
 
 
-def find_engine(param: str = "skip_without_engine", timeout_s: float = 15.0) -> Engine:
+def find_engine(param: str = "skip_without_engine", timeout_s: float = 15.0) -> DockerEngine:
     """The engine the docker CLI reaches, or NoEngine with one clear sentence."""
     cli = shutil.which("docker")
     if cli is None:
@@ -74,13 +74,13 @@ def find_engine(param: str = "skip_without_engine", timeout_s: float = 15.0) -> 
         reason = (proc.stderr.strip().splitlines() or ["the engine did not answer"])[-1]
         raise NoEngine(f"no Docker engine reachable ({reason}); {ENGINE_HINT.format(param=param)}")
     arch = _arch_name(str(server.get("Arch") or platform.machine()))
-    return Engine(
+    return DockerEngine(
         cli=cli, server_version=str(server.get("Version", "?")), os_arch=f"{server.get('Os', 'linux')}/{arch}"
     )
 
 
 def docker(
-    engine: Engine,
+    engine: DockerEngine,
     args: Sequence[str],
     *,
     timeout_s: float = 600.0,
@@ -108,17 +108,17 @@ def docker(
     return proc
 
 
-def image_exists(engine: Engine, ref: str) -> bool:
+def image_exists(engine: DockerEngine, ref: str) -> bool:
     return docker(engine, ["image", "inspect", ref], check=False, timeout_s=60).returncode == 0
 
 
-def inspect_image(engine: Engine, ref: str) -> dict[str, Any]:
+def inspect_image(engine: DockerEngine, ref: str) -> dict[str, Any]:
     out = docker(engine, ["image", "inspect", ref], timeout_s=60).stdout
     data = json.loads(out)
     return dict(data[0])
 
 
-def ensure_base_image(engine: Engine, base: str, arch: str, log_prefix: str) -> None:
+def ensure_base_image(engine: DockerEngine, base: str, arch: str, log_prefix: str) -> None:
     """A `local/...` base missing from the engine is built here with docker/base-image.sh (debootstrap from the
     Debian mirror: no registry of base images needed); any other base is left for the build to pull."""
     if image_exists(engine, base) or not base.startswith("local/"):
@@ -133,7 +133,7 @@ def ensure_base_image(engine: Engine, base: str, arch: str, log_prefix: str) -> 
 
 
 def build(
-    engine: Engine,
+    engine: DockerEngine,
     context: Path,
     dockerfile: Path,
     tags: Sequence[str],
@@ -223,7 +223,7 @@ def image_platform(info: dict[str, Any]) -> str:
     return f"{info.get('Os', 'linux')}/{arch}"
 
 
-def wait_ready(url: str, timeout_s: float, container: str | None = None, engine: Engine | None = None) -> float:
+def wait_ready(url: str, timeout_s: float, container: str | None = None, engine: DockerEngine | None = None) -> float:
     """Poll `url` until it answers 200; returns the seconds it took. Fails early when the container exits."""
     import urllib.error
     import urllib.request

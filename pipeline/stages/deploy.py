@@ -162,7 +162,7 @@ def run(params: Params) -> None:
     _gate(config, image.variant, result, report, originals, differing)
 
 
-def _engine_or_skip(config: DeployConfig, image: image_file.ImageRecord) -> eng.Engine | None:
+def _engine_or_skip(config: DeployConfig, image: image_file.ImageRecord) -> eng.DockerEngine | None:
     """The engine to deploy on; None when the stage is skipped (no image or no engine, deploy.skip_without_engine)."""
     if image.skipped:
         if config.skip_without_engine:
@@ -195,7 +195,7 @@ def _evaluate_of(image: image_file.ImageRecord, labels: list[int], count: int) -
 
 
 def _through_registry(
-    engine: eng.Engine, config: DeployConfig, image: image_file.ImageRecord, report: dict[str, Any]
+    engine: eng.DockerEngine, config: DeployConfig, image: image_file.ImageRecord, report: dict[str, Any]
 ) -> str:
     """Push the image to deploy.registry, drop the local tag, pull it back: the digest to start."""
     if not container.registry_answers(config.registry):

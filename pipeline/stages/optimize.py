@@ -27,7 +27,7 @@ from pipeline.artifacts import variants as variants_file
 from pipeline.artifacts.prepared import PREPARED_DIR, read_manifest
 from pipeline.config import Params
 from pipeline.machine.memory_budget import Budget
-from pipeline.optimize.candidates import Optimizer, build_manifest, markdown_table
+from pipeline.optimize.candidates import VariantMaker, build_manifest, markdown_table
 from pipeline.tracking import stage_run, tracking_uri
 
 OPTIMIZE_REPORTS = REPORTS_DIR / "optimize"
@@ -107,7 +107,7 @@ def run(params: Params) -> None:
     staging = MODELS_DIR / "variants.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    opt = Optimizer(params, staging, prepared, budget)
+    opt = VariantMaker(params, staging, prepared, budget)
     with stage_run("optimize", params, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
         mlrun.set_tags({"machine": platform.machine(), "torch": torch.__version__})
         opt.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
