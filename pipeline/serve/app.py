@@ -242,9 +242,9 @@ class HotPath:
     two raw ASGI messages. The middleware stack below (RequestContext, Observe, BodyLimit) and FastAPI's router and
     Request/Response objects were a quarter of a request's CPU (the profile in docs/serving.md). Each refusal is the
     answer the stack gives: 401, 413 by Content-Length and while streaming, 408 + close for a slow body, 503 +
-    Retry-After, 504, JSON errors, the route's template as the metrics label. A multipart body the fast splitter does not take (`protocol.multipart_files`
-    None) and every other method and path go down the stack as before: the body already read is replayed, under the same
-    request id."""
+    Retry-After, 504, JSON errors, the route's template as the metrics label. A multipart body the fast splitter does
+    not take (`protocol.multipart_files` None) and every other method and path go down the stack as before: the body
+    already read is replayed, under the same request id."""
 
     def __init__(
         self, app: ASGIApp, predict: Any, infer: Any, metrics: Metrics, guard: Guard, access_log: bool
