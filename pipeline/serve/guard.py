@@ -35,7 +35,8 @@ class ClientGone(Exception):
 
 
 class Guard:
-    """serve.api_token, serve.max_body_bytes and serve.body_timeout_s, as checks both layers call."""
+    """The token (from the variable serve.auth_token_env names), serve.max_body_bytes and serve.body_timeout_s, as
+    checks both layers call."""
 
     def __init__(self, token: str | None, max_body_bytes: int, body_timeout_s: float) -> None:
         self.expected = f"Bearer {token}".encode() if token else None
