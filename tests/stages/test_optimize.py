@@ -99,16 +99,29 @@ def test_pruning_flatten_classifier() -> None:
     assert model(x).shape == (3, 43)
 
 
-@pytest.mark.slow  # the dynamo exporter alone takes 20-80 s on 2 shared cores
-def test_export_parity(tmp_path: Path) -> None:
-    """The dynamo export has a dynamic batch and matches torch on several batch sizes."""
+# the dynamo exporter alone takes 20-80 s on 2 shared cores
+@pytest.mark.parametrize("exporter", ["tracing", pytest.param("dynamo", marks=pytest.mark.slow)])
+def test_export_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter: str) -> None:
+    """The tracing exporter, and the dynamo exporter where tracing fails (or a torch has no tracer): either file has
+    a dynamic batch, holds its weights, and matches torch on several batch sizes."""
     import onnx
 
     from pipeline.runtimes.onnx import OnnxRuntime
 
+    used: list[str] = []
+    real_export = torch.onnx.export
+
+    def export_as_this_torch_would(*args: object, **kwargs: object) -> object:
+        used.append("dynamo" if kwargs.get("dynamo") else "tracing")
+        if exporter == "dynamo" and not kwargs.get("dynamo"):
+            raise RuntimeError("this torch cannot trace the network")
+        return real_export(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.onnx, "export", export_as_this_torch_would)
     torch.manual_seed(0)
     model = _randomize_bn(nets.build("signnet", MEAN, STD, 16, width=4))
     path = export.export_onnx(model, tmp_path / "m.onnx", 16)
+    assert used == (["tracing"] if exporter == "tracing" else ["tracing", "dynamo"])
     graph = onnx.load(str(path)).graph
     dim0 = graph.input[0].type.tensor_type.shape.dim[0]
     assert graph.input[0].name == export.INPUT_NAME and dim0.dim_param and not dim0.dim_value
