@@ -25,8 +25,8 @@ class ParityResult:
 def export_onnx(model: nn.Module, path: Path, image_size: int) -> Path:
     """Write `model` as a self-contained ONNX file with input `images` [batch, 3, S, S] and a dynamic batch.
 
-    torch's tracing exporter first: about 0.4 s for a network where the dynamo exporter takes 4-6 s (torch.export's
-    decompositions), every export of every run. Where tracing cannot take the network, or a torch without that
+    torch's tracing exporter first: a fraction of the dynamo exporter's time (torch.export's decompositions), on every
+    export of every run (docs/ci.md measures both). Where tracing cannot take the network, or in a torch without that
     exporter, the dynamo exporter writes it. Either file then passes the same parity check against torch."""
     model = model.eval().float()
     example = torch.rand(2, 3, image_size, image_size)

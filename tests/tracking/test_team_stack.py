@@ -76,9 +76,12 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     for name, lr in EXPERIMENTS.items():
         # as docs/experiments.md queues it: the git-ignored raw data copied into the experiment's fresh copy
         run([*DVC, "exp", "run", "--queue", "card", "-C", "data/raw", "-n", name, "-S", f"train.lr={lr}"], work, env)
-    # The queue's worker keeps the output of `dvc queue start` open until the queue is empty: not a pipe to wait on.
-    subprocess.run([*DVC, "queue", "start"], cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   stdin=subprocess.DEVNULL, timeout=120, check=True)  # fmt: skip
+    # The queue's worker keeps the output of `dvc queue start` open until the queue is empty: a file, not a pipe.
+    started = work.parent / "queue-start.log"
+    with started.open("w") as log:
+        code = subprocess.run([*DVC, "queue", "start"], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=120).returncode  # fmt: skip
+    assert code == 0, started.read_text()
     deadline = time.monotonic() + 1800
     while True:
         status = run([*DVC, "queue", "status"], work, env)
