@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,31 +31,17 @@ def export_onnx(model: nn.Module, path: Path, image_size: int) -> Path:
     exporter, the dynamo exporter writes it. Either file then passes the same parity check against torch."""
     model = model.eval().float()
     example = torch.rand(2, 3, image_size, image_size)
+    names: dict[str, Any] = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # each exporter warns about the other
         try:
-            torch.onnx.export(
-                model,
-                (example,),
-                str(path),
-                dynamo=False,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-            )
+            batch_axis = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
+            torch.onnx.export(model, (example,), str(path), dynamo=False, dynamic_axes=batch_axis, **names)
         except Exception:  # whatever the tracer cannot do: the dynamo exporter, whose error is then the one shown
             path.unlink(missing_ok=True)
-            torch.onnx.export(
-                model,
-                (example,),
-                str(path),
-                dynamo=True,
-                external_data=False,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=65536)},),
-                verbose=False,
-            )
+            batch = torch.export.Dim("batch", min=1, max=65536)
+            torch.onnx.export(model, (example,), str(path), dynamo=True, external_data=False,
+                              dynamic_shapes=({0: batch},), verbose=False, **names)  # fmt: skip
     return path
 
 

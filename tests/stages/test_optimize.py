@@ -99,8 +99,7 @@ def test_pruning_flatten_classifier() -> None:
     assert model(x).shape == (3, 43)
 
 
-# the dynamo exporter alone takes 20-80 s on 2 shared cores
-@pytest.mark.parametrize("exporter", ["tracing", pytest.param("dynamo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("exporter", ["tracing", pytest.param("dynamo", marks=pytest.mark.slow)])  # dynamo: slow
 def test_export_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter: str) -> None:
     """The tracing exporter, and the dynamo exporter where tracing fails (or a torch has no tracer): either file has
     a dynamic batch, holds its weights, and matches torch on several batch sizes."""
