@@ -26,6 +26,8 @@ LONGEST_FIRST = ("tests/tracking/test_team_stack.py", "tests/ship/", "tests/test
                  "tests/test_act.py",
                  "tests/test_template.py", "tests/test_tune.py", "tests/stages/test_optimize.py",
                  "tests/benchmarks/test_gpu.py", "tests/stages/test_train")  # fmt: skip
+# Every `dvc` command would start a second interpreter to send its usage report (offline here): the suite runs hundreds.
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers' subprocesses share the cores: OpenMP threads that spin while waiting would take them from the other.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -12,7 +12,7 @@ import yaml
 from pipeline.artifacts.prepared import read_split
 from tests.helpers import DATA_ROOT_ENVS, REPO
 from tests.helpers.params import TEST_RECIPE
-from tests.helpers.project import GIT_IDENTITY, make_project, run, tiny_pipeline_params
+from tests.helpers.project import GIT_IDENTITY, make_project, run, run_dvc_queue, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
 
@@ -381,7 +381,6 @@ def test_queued_experiments_on_the_demo_and_on_a_folder_run_with_their_data_copi
 ) -> None:
     """`dvc exp run --queue` runs each experiment in a fresh copy of the commit, where the raw data (a git-ignored
     link, or a folder of yours) is not: `-C <data>` copies it in (docs/experiments.md), no absolute path needed."""
-    import time
 
     from tests.helpers.digits import write_digits_folder
 
@@ -400,13 +399,7 @@ def test_queued_experiments_on_the_demo_and_on_a_folder_run_with_their_data_copi
         work, env)  # fmt: skip
     run([*dvc, "exp", "run", "--queue", "prepare", "-n", "digits", "-S", "data.source=folder",
          "-S", "data.root=my-digits", "-S", "data.image_size=8", "-C", "my-digits"], work, env)  # fmt: skip
-    run([*dvc, "queue", "start", "-j", "1"], work, env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        status = run([*dvc, "queue", "status"], work, env)
-        if "Queued" not in status and "Running" not in status:
-            break
-        time.sleep(3)
+    status = run_dvc_queue(work, env, "-j", "1")
     assert status.count("Success") == 2, status + run([*dvc, "queue", "logs", "digits"], work, env)
     shown = run([*dvc, "exp", "show", "--csv", "--keep", "Experiment|test_images|data.root"], work, env)
     assert "demo-16" in shown and "digits" in shown and "my-digits" in shown, shown

@@ -22,6 +22,24 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
     return result.stdout + result.stderr
 
 
+def run_dvc_queue(work: Path, env: dict[str, str], *options: str, timeout: float = 1800) -> str:
+    """`dvc queue start OPTIONS` and wait until the queue is empty; `dvc queue status` then. The queue's detached worker
+    holds the command's output open until its last experiment ends, so reading that output to its end waits without
+    polling (each `dvc queue status` is a second of CPU: a poll every few seconds cost minutes over a sweep)."""
+    dvc = [sys.executable, "-m", "dvc"]
+    start = subprocess.Popen([*dvc, "queue", "start", *options], cwd=work, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        output, _ = start.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        status = run([*dvc, "queue", "status"], work, env)
+        subprocess.run([*dvc, "queue", "stop", "--kill"], cwd=work, env=env, capture_output=True, timeout=120)
+        start.kill()
+        raise AssertionError(f"the queue was not empty after {timeout:.0f} s: {status}") from None
+    assert start.returncode == 0, output
+    return run([*dvc, "queue", "status"], work, env)
+
+
 def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A fresh git + DVC copy of the project on the tests' small synthetic images, linked at data/raw (the tests
     that need real images say so: `real_sample_data`)."""

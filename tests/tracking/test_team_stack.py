@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,14 @@ import pytest
 import yaml
 
 from pipeline.config import parse_params
-from tests.helpers.project import GIT_IDENTITY, link_raw_data, make_project, run, tiny_pipeline_params
+from tests.helpers.project import (
+    GIT_IDENTITY,
+    link_raw_data,
+    make_project,
+    run,
+    run_dvc_queue,
+    tiny_pipeline_params,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # the sweep: two whole runs, beside the other worker
 EXPERIMENTS = {"lr-low": "0.002", "lr-high": "0.006"}
@@ -76,19 +82,7 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     for name, lr in EXPERIMENTS.items():
         # as docs/experiments.md queues it: the git-ignored raw data copied into the experiment's fresh copy
         run([*DVC, "exp", "run", "--queue", "card", "-C", "data/raw", "-n", name, "-S", f"train.lr={lr}"], work, env)
-    # The queue's worker keeps the output of `dvc queue start` open until the queue is empty: a file, not a pipe.
-    started = work.parent / "queue-start.log"
-    with started.open("w") as log:
-        code = subprocess.run([*DVC, "queue", "start"], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, timeout=120).returncode  # fmt: skip
-    assert code == 0, started.read_text()
-    deadline = time.monotonic() + 1800
-    while True:
-        status = run([*DVC, "queue", "status"], work, env)
-        if "Queued" not in status and "Running" not in status:
-            break
-        assert time.monotonic() < deadline, status
-        time.sleep(2)
+    status = run_dvc_queue(work, env)
     assert status.count("Success") == len(EXPERIMENTS), status + run([*DVC, "queue", "logs", "lr-low"], work, env)
     client = MlflowClient(stack.tracking_uri)
     experiment = client.get_experiment_by_name(parse_params(params).tracking.experiment)
