@@ -29,8 +29,11 @@ LONGEST_FIRST = ("tests/tracking/test_team_stack.py", "tests/ship/", "tests/test
 # Every `dvc` command would start a second interpreter to send its usage report (offline here): the suite runs hundreds.
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers' subprocesses share the cores: OpenMP threads that spin while waiting would take them from the other.
+    # Two workers' subprocesses share the cores: OpenMP threads that spin while waiting would take them from the other,
+    # and a second thread per process mostly waits for a core the other workers hold (docs/ci.md: the same tests cost
+    # less CPU and wall time with one). Every stage, runtime and server reads OMP_NUM_THREADS (usable_cpus).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -31,8 +31,9 @@ def own_peak_rss_mib() -> float:
 
 def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a container's `--cpus`, a
-    Kubernetes CPU limit) rounded up. os.cpu_count() sees the whole node, and a runtime sizing its thread pool
-    from that oversubscribes a 2-CPU pod on a 64-core node many times over."""
+    Kubernetes CPU limit) rounded up, and by OMP_NUM_THREADS when it is set (the thread count a user or a launcher
+    chose: PyTorch honours it, so a stage does too). os.cpu_count() sees the whole node, and a runtime sizing its
+    thread pool from that oversubscribes a 2-CPU pod on a 64-core node many times over."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota: float | None = None
     try:  # cgroup v2: "max 100000" or "<quota> <period>"
@@ -49,6 +50,9 @@ def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
             pass
     if quota is not None:
         cpus = min(cpus, max(1, math.ceil(quota - 1e-9)))
+    chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if chosen.isdigit() and int(chosen) > 0:
+        cpus = min(cpus, int(chosen))
     return max(1, cpus)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.machine import usable_cpus
 from pipeline.runtimes.base import ONNXRUNTIME, check_batch
 
 
@@ -23,6 +25,8 @@ class OnnxRuntime:
             # Idle worker threads busy-wait by default: best for a benchmark loop, but in a server they
             # steal the cores that parse requests and decode images.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if not threads and usable_cpus() < (os.cpu_count() or 1):
+            threads = usable_cpus()  # ONNX Runtime's default counts the node's cores, past a quota or OMP_NUM_THREADS
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1

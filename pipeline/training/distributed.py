@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.errors import StageError
+from pipeline.machine import usable_cpus
 from pipeline.machine.ports import free_port
 
 __all__ = ["Dist", "free_port"]
@@ -73,8 +74,9 @@ def backend_for(device: torch.device) -> str:
 
 
 def cpu_threads(threads: int, world: int) -> int:
-    """Threads per process: `threads`, or the cores split between the processes."""
-    return threads or max(1, (os.cpu_count() or 1) // world)
+    """Threads per process: `threads`, or the usable CPUs (a container's quota, OMP_NUM_THREADS) split between the
+    processes."""
+    return threads or max(1, usable_cpus() // world)
 
 
 def place(rank: int, world: int, wanted_device: str, threads: int) -> Dist:

@@ -25,8 +25,23 @@ AFFINITY = len(os.sched_getaffinity(0))
         ({}, AFFINITY),  # no cgroup files at all
     ],
 )
-def test_usable_cpus_follow_the_cgroup_quota(tmp_path: Path, files: dict[str, str], expected: int) -> None:
+def test_usable_cpus_follow_the_cgroup_quota(
+    tmp_path: Path, files: dict[str, str], expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
+    assert usable_cpus(tmp_path) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", 1), (str(AFFINITY + 8), AFFINITY), ("0", AFFINITY), ("four", AFFINITY), ("", AFFINITY)],
+)
+def test_omp_num_threads_caps_the_usable_cpus(
+    tmp_path: Path, value: str, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread count the user or a launcher set wins below the mask; nonsense is ignored, never an error."""
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert usable_cpus(tmp_path) == expected

@@ -178,3 +178,23 @@ def test_torch_eager_runs_a_state_dict_variant(tmp_path: Path) -> None:
     with torch.no_grad():
         expected = model(x).numpy()
     np.testing.assert_allclose(runtime.predict(x.numpy()), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_runtime_threads_follow_omp_num_threads_and_an_explicit_count_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from pipeline.machine import usable_cpus
+    from pipeline.runtimes.onnx import OnnxRuntime
+
+    _tiny_onnx(tmp_path / "m.onnx")
+
+    def threads(count: int | None = None) -> int:
+        runtime = OnnxRuntime(tmp_path / "m.onnx", "fp32-onnx", SIZE, threads=count)
+        return int(runtime.session.get_session_options().intra_op_num_threads)
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads() == (0 if usable_cpus() == os.cpu_count() else usable_cpus())  # 0: ONNX Runtime's own default
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads() == 1 and threads(2) == 2
