@@ -199,7 +199,8 @@ class TrainConfig(Section):
     """bf16 autocast. `auto`: on for CUDA devices that support bf16 and x86 CPUs with AMX or AVX512-BF16 (faster
     steps there: docs/stages.md), off elsewhere (AVX2 only emulates bf16: slower than fp32)."""
     threads: int = Field(0, ge=0, le=1024)
-    """CPU threads per process; 0 = the machine's cores divided by the number of processes."""
+    """CPU threads per process; 0 = the CPUs this process may use (a container's quota, OMP_NUM_THREADS) divided by
+    the number of processes."""
     checkpoint_every: int = Field(100, ge=0)
     """Save a checkpoint every this many steps (0: only at the end); one is always saved at the end."""
     keep_checkpoints: int = Field(2, ge=1, le=100)
