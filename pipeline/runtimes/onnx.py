@@ -25,8 +25,9 @@ class OnnxRuntime:
             # Idle worker threads busy-wait by default: best for a benchmark loop, but in a server they
             # steal the cores that parse requests and decode images.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if not threads and usable_cpus() < (os.cpu_count() or 1):
-            threads = usable_cpus()  # ONNX Runtime's default counts the node's cores, past a quota or OMP_NUM_THREADS
+        usable = usable_cpus() if not threads else 0
+        if usable and usable < (os.cpu_count() or 1):
+            threads = usable  # ONNX Runtime's default counts the node's cores, past a quota or OMP_NUM_THREADS
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
