@@ -174,10 +174,12 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         params = on_test_data(yaml.safe_load((REPO / "params.yaml").read_text()), images.csv, "csv")
         params.setdefault("model", {}).update({"name": "signnet", "width": 8})
         params.setdefault("train", {}).update({"epochs": 3, "batch_size": 64, "checkpoint_every": 0, "nproc": 1})
+        # A tiny model: the gates are tested elsewhere. Every variant ships, whatever the CPU kind does to int8 (ONNX
+        # Runtime's int8 kernels and weight range differ by instruction set, and a few gate images move in points).
         params.setdefault("optimize", {}).update(
-            {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 0.05}
+            {"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64, "max_accuracy_drop": 1.0}
         )
-        params["evaluate"]["min_accuracy"] = 0.0  # a tiny model: the gate is tested elsewhere
+        params["evaluate"]["min_accuracy"] = 0.0
         params["tracking"] = {"enabled": False}
         (work / "params.yaml").write_text(yaml.safe_dump(params))
         parsed = parse_params(params)
