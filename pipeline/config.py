@@ -170,6 +170,10 @@ class TrainConfig(Section):
     """The train stage: recipe, processes and checkpoints. Resumes from the last complete checkpoint."""
 
     epochs: int = Field(12, ge=1, le=1000)
+    max_minutes: float = Field(0.0, ge=0.0, le=10080.0)
+    """A time budget for training (as Ultralytics' `time`): after the first epoch, the run trains as many epochs as
+    fit in it at that epoch's pace (at most `epochs`) and the learning rate anneals over those, so a slower CPU trains
+    fewer epochs rather than for longer; the log and reports/train/metrics.json (`epochs`) say how many. 0 = none."""
     batch_size: int = Field(128, ge=1, le=65536)
     """Global batch size: the sum over all processes (the per-process batch is this / nproc)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"

@@ -24,7 +24,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +199,13 @@ def worker(
 
     trainer = _new_trainer() if resume is None else _resumed(resume, model, optim, loader, _new_trainer(), d.main)
     spe = loader.steps_per_epoch
-    total = t.epochs * spe
-    lr_at = partial(one_cycle_lr, total=total, peak=t.lr, warmup_fraction=t.warmup_fraction)
+    # `train.max_minutes` may plan fewer epochs after the first (kept in checkpoints): the schedule anneals over those.
+    epochs = min(t.epochs, trainer["planned_epochs"] or t.epochs)
+    schedule = {"total": epochs * spe}
+
+    def lr_at(at: int) -> float:
+        return one_cycle_lr(at, total=schedule["total"], peak=t.lr, warmup_fraction=t.warmup_fraction)
+
     engine = _engine(params, len(manifest.classes), loader, model, optim, forward, lr_at, d, amp, micro_batch)
 
     step = loader.epoch * spe + loader.step_in_epoch
@@ -218,14 +222,14 @@ def worker(
     patience = t.early_stopping_patience if val_split is not None else 0
 
     model.train()
-    while loader.epoch < t.epochs and not trainer["stopped_early"]:
+    while loader.epoch < epochs and not trainer["stopped_early"]:
         epoch = loader.epoch
         remaining = spe - loader.step_in_epoch
         session_samples = 0
         clock.restart()
         batches = iter(loader)
         if d.main:
-            batches = console.progress(batches, remaining, f"epoch {epoch + 1}/{t.epochs}")
+            batches = console.progress(batches, remaining, f"epoch {epoch + 1}/{epochs}")
         lr = lr_at(max(step - 1, 0))  # the last step's, if none is left
         for batch in batches:
             lr = lr_at(step)
@@ -233,7 +237,7 @@ def worker(
             step += 1
             trainer["epoch_samples"] += len(batch.labels)
             session_samples += len(batch.labels)
-            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
+            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < schedule["total"]:
                 with clock.paused():  # saving is not training time
                     _save_checkpoint(params, manifest, world, step, model, optim, loader, trainer, clock, d)
                 last_saved = step
@@ -247,7 +251,11 @@ def worker(
             else accuracy(model, eval_batches(val_split, eval_batch_size, d.rank, d.world), d, amp)
         )
         rate = session_samples / max(elapsed, 1e-9)
-        _close_epoch(trainer, (epoch + 1, t.epochs), lr, val_acc, rate, world, log if d.main else None)
+        if t.max_minutes and trainer["planned_epochs"] is None:
+            epoch_seconds = elapsed * spe / max(remaining, 1) + clock.seconds() - elapsed  # + validation
+            epochs = trainer["planned_epochs"] = _budgeted_epochs(t, epoch_seconds, world, d.main)
+            schedule["total"] = epochs * spe
+        _close_epoch(trainer, (epoch + 1, epochs), lr, val_acc, rate, world, log if d.main else None)
         if patience and val_acc is not None and _stale_for(patience, best, val_acc, model, epoch + 1, d.main):
             trainer["stopped_early"] = True
             break
@@ -268,6 +276,21 @@ def worker(
     return summary
 
 
+def _budgeted_epochs(t: Any, epoch_seconds: float, world: int, main: bool) -> int:
+    """The epochs that fit in `train.max_minutes` at the first epoch's pace (validation included), between 1 and
+    `train.epochs`; every process plans with the slowest one's pace, so all stop together."""
+    pace = torch.tensor([epoch_seconds], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(pace, op=dist.ReduceOp.MAX)
+    planned = max(1, min(t.epochs, int(t.max_minutes * 60 / max(float(pace[0]), 1e-9))))
+    if main:
+        console.log(
+            f"time budget: an epoch takes {float(pace[0]):.0f} s here, so {planned} of train.epochs' {t.epochs} fit "
+            f"in train.max_minutes={t.max_minutes:g}; the learning rate anneals over {planned}"
+        )
+    return planned
+
+
 def _new_trainer() -> dict[str, Any]:
     """What a run carries from epoch to epoch and through a checkpoint."""
     return {
@@ -276,6 +299,7 @@ def _new_trainer() -> dict[str, Any]:
         "epoch_samples": 0,
         "train_seconds": 0.0,
         "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
+        "planned_epochs": None,  # what train.max_minutes allowed after the first epoch (None: no budget, or not yet)
     }
 
 
@@ -484,7 +508,7 @@ def _summary(
         "validation": "trained on" if t.train_on_val else "held out",
         "train_images": train_images,
         "train_loss": history[-1]["train_loss"] if history else float("nan"),
-        "epochs": t.epochs,
+        "epochs": min(t.epochs, trainer["planned_epochs"] or t.epochs),  # fewer where train.max_minutes said so
         "steps": step,
         "train_seconds": trainer["train_seconds"],
         "images_per_s": (step * t.batch_size) / max(trainer["train_seconds"], 1e-9),
@@ -495,6 +519,8 @@ def _summary(
     }
     if best["state"] is not None:
         summary |= {"best_epoch": best["epoch"], "best_val_accuracy": best["accuracy"]}
+    if t.max_minutes:
+        summary["max_minutes"] = t.max_minutes
     return summary
 
 

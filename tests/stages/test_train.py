@@ -307,3 +307,35 @@ def test_each_committee_member_learns_exactly_as_it_would_alone(project: Path, o
         torch.testing.assert_close(committee[f"members.0.{name}"], tensor, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(committee["members.1.features.0.weight"], alone["features.0.weight"])
     assert json.loads(Path("reports/train/metrics.json").read_text())["parameters"] == 2 * single_parameters
+
+
+def test_a_time_budget_plans_the_epochs_that_fit_after_the_first(project: Path, capsys: pytest.CaptureFixture) -> None:
+    """train.max_minutes (as Ultralytics' `time`): after the first epoch the run trains the epochs that fit at that
+    pace, at least one and at most train.epochs, and says so; the schedule then anneals over the planned epochs."""
+    train.run(train_params(epochs=6, max_minutes=0.0001, checkpoint_every=0))  # far less than one epoch
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    assert (metrics["epochs"], metrics["steps"], metrics["max_minutes"]) == (1, 8, 0.0001)
+    assert len((project / "reports/train/history.csv").read_text().splitlines()) == 2  # header + one epoch
+    assert "so 1 of train.epochs' 6 fit in train.max_minutes=0.0001" in capsys.readouterr().err.replace("\n", " ")
+    # A generous budget changes nothing: every epoch, and the weights of a run without one.
+    train.run(train_params(epochs=2, max_minutes=600, checkpoint_every=0))
+    budgeted = weights()
+    assert json.loads((project / "reports/train/metrics.json").read_text())["epochs"] == 2
+    train.run(train_params(epochs=2, checkpoint_every=0))
+    assert all(torch.equal(budgeted[k], v) for k, v in weights().items())
+    assert (train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 25.0, 1, False),
+            train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 7.0, 1, False)) == (2, 6)  # fmt: skip
+
+
+def test_the_planned_epochs_anneal_the_schedule_and_stay_in_the_checkpoint(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train, "_budgeted_epochs", lambda *_: 2)  # the pace's plan, made deterministic
+    params = train_params(epochs=6, max_minutes=1, checkpoint_every=3)
+    train.run(params)
+    history = (project / "reports/train/history.csv").read_text().splitlines()[1:]
+    assert len(history) == 2
+    last_lr = float(history[-1].split(",")[3])
+    assert last_lr < 0.02 * params.train.lr  # the cosine's end on the second epoch, not a sixth of the way
+    saved = ckpt.latest(checkpoints(params))
+    assert saved is not None and saved.state["step"] == 16 and saved.state["planned_epochs"] == 2
