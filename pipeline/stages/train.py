@@ -44,7 +44,7 @@ from pipeline.artifacts.prepared import (
     SplitReader,
     read_manifest,
 )
-from pipeline.config import Params
+from pipeline.config import Params, TrainConfig
 from pipeline.data.loader import AugmentConfig, TrainLoader, eval_batches, load_split, training_images
 from pipeline.errors import StageError
 from pipeline.machine.memory_budget import Budget
@@ -200,7 +200,7 @@ def worker(
     trainer = _new_trainer() if resume is None else _resumed(resume, model, optim, loader, _new_trainer(), d.main)
     spe = loader.steps_per_epoch
     # `train.max_minutes` may plan fewer epochs after the first (kept in checkpoints): the schedule anneals over those.
-    epochs = min(t.epochs, trainer["planned_epochs"] or t.epochs)
+    epochs = _epochs(t, trainer)
     schedule = {"total": epochs * spe}
 
     def lr_at(at: int) -> float:
@@ -276,7 +276,12 @@ def worker(
     return summary
 
 
-def _budgeted_epochs(t: Any, epoch_seconds: float, world: int, main: bool) -> int:
+def _epochs(t: TrainConfig, trainer: dict[str, Any]) -> int:
+    """The run's epochs: `train.epochs`, or fewer where `train.max_minutes` planned them."""
+    return min(t.epochs, trainer["planned_epochs"] or t.epochs)
+
+
+def _budgeted_epochs(t: TrainConfig, epoch_seconds: float, world: int, main: bool) -> int:
     """The epochs that fit in `train.max_minutes` at the first epoch's pace (validation included), between 1 and
     `train.epochs`; every process plans with the slowest one's pace, so all stop together."""
     pace = torch.tensor([epoch_seconds], dtype=torch.float64)
@@ -508,7 +513,7 @@ def _summary(
         "validation": "trained on" if t.train_on_val else "held out",
         "train_images": train_images,
         "train_loss": history[-1]["train_loss"] if history else float("nan"),
-        "epochs": min(t.epochs, trainer["planned_epochs"] or t.epochs),  # fewer where train.max_minutes said so
+        "epochs": _epochs(t, trainer),
         "steps": step,
         "train_seconds": trainer["train_seconds"],
         "images_per_s": (step * t.batch_size) / max(trainer["train_seconds"], 1e-9),
