@@ -67,7 +67,14 @@ class DataConfig(Section):
     download: bool = True
     """A source that can download its data fetches it into `root` when it is not there (needs internet)."""
     image_size: int = Field(32, ge=8, le=1024)
-    """Side of the square images the model sees, in pixels (32 suits signs; photos for a backbone: 96-384)."""
+    """Side of the square images the model sees, in pixels (32 suits signs; photos for a backbone: 96-384); with
+    `min_image_size`, the largest side tried."""
+    min_image_size: int = Field(0, ge=0, le=1024)
+    """> 0 with `train.max_minutes`: the side is chosen for this machine. Prepare times a few training steps of
+    `model.name` at sides from `image_size` down to this one (steps of 16 px) and prepares the largest at which
+    `train.epochs` epochs fit in `train.max_minutes`, else this one (the budget then trains fewer epochs): a slow CPU
+    trains a smaller input for all its epochs rather than a large one for too few. The log says what it timed;
+    the prepared manifest, the model and its card carry the side. 0 = `image_size` as written."""
     resize: Literal["stretch", "center_crop", "pad"] = "stretch"
     """How an image (its served crop, or its box) becomes that square, the same in prepare, evaluate, predict and
     the server: `stretch` squashes it (objects about square, such as road signs); `center_crop` keeps the central square of

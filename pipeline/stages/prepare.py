@@ -238,6 +238,52 @@ def interpolation(params: Params) -> Interpolation:
     return expected_interpolation(params.model.name)
 
 
+def image_size(params: Params, train_images: int, val_images: int, classes: int) -> int:
+    """data.image_size, or with data.min_image_size and train.max_minutes the largest side whose training fits the
+    budget on this machine (pipeline/training/pace.py), said in the log."""
+    d, t = params.data, params.train
+    if not (d.min_image_size and t.max_minutes) or d.min_image_size >= d.image_size:
+        return d.image_size
+    import torch  # the network's own step is timed: only when the side is chosen
+
+    from pipeline.architectures import nets
+    from pipeline.training import distributed, pace
+
+    device = distributed.choose_device(t.device)
+    members = 1 if nets.is_backbone(params.model.name) else params.model.members
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(distributed.cpu_threads(t.threads, t.nproc))
+
+    def build(side: int) -> torch.nn.Module:
+        m = params.model
+        return nets.build(m.name, [0.5] * 3, [0.25] * 3, side, m.width, m.dropout, classes, m.input_norm, members)
+
+    trained = train_images + (val_images if t.train_on_val else 0)  # with train_on_val the shipped model trains on both
+    scored = 0 if t.train_on_val else val_images
+    try:
+        side, timed = pace.affordable_size(
+            pace.candidate_sizes(d.image_size, d.min_image_size), build,
+            batch=max(1, t.batch_size // t.nproc), classes=classes, train_images=trained, val_images=scored,
+            epochs=t.epochs, minutes=t.max_minutes, device=device, amp=distributed.amp_dtype(t.amp, device),
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    minutes = {p.image_size: t.epochs * p.epoch_seconds(trained, scored) / 60 for p in timed}
+    paces = ", ".join(
+        f"{p.image_size} px {p.images_per_second:.0f} img/s: {minutes[p.image_size]:.1f} min" for p in timed
+    )
+    sides = f"from data.image_size {d.image_size} down to data.min_image_size {d.min_image_size}"
+    budget = f"train.epochs={t.epochs} fit in train.max_minutes={t.max_minutes:g} here"
+    verdict = (
+        f"the largest side {sides} at which {budget}"
+        if minutes[side] <= t.max_minutes
+        else f"the smallest: at no side {sides} do {budget}, so the budget will train fewer"
+    )
+    log(f"prepare: image size {side} px, {verdict} ({params.model.name} trains at {paces})")
+    return side
+
+
 def test_file_names(paths: Sequence[Path]) -> list[str]:
     """Names of the kept original test files under data/prepared/: the file names when they are unique,
     else prefixed with their position (class folders often reuse names such as 1.png)."""
@@ -254,6 +300,7 @@ def write_reports(
     splits = manifest.splits
     total = sum(splits[s].count for s in SPLITS) + len(bad)
     metrics = {f"{s}_images": float(splits[s].count) for s in SPLITS}
+    metrics["image_size"] = float(manifest.image_size)  # data.min_image_size may have chosen it: `dvc exp show` has it
     metrics["bad_images"] = float(len(bad))
     metrics["bad_fraction"] = round(len(bad) / total, 6) if total else 0.0
     (report_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -311,8 +358,9 @@ def run(params: Params) -> None:
         for name, why in dropped[:20]:
             log(f"prepare: left out {name}: {why}")
         crop = served_crop(fit, config)
+        side = image_size(params, len(fit), len(val), len(listing.classes))
         framing = Framing(
-            config.image_size, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode
+            side, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode
         )
         log(
             f"prepare: served framing: whole image less {crop} (left, top, right, bottom), {framing.resize} to "
@@ -325,7 +373,7 @@ def run(params: Params) -> None:
         roi_train = config.framing == "roi"
         total = len(fit) + len(val) + len(test_files)
         k = len(listing.classes)
-        with prepared.Writer(PREPARED_DIR, config.image_size, config.shard_mb) as writer:
+        with prepared.Writer(PREPARED_DIR, side, config.shard_mb) as writer:
             for split, files, use_box in (
                 ("train", fit, roi_train),
                 ("val", val, roi_train),
@@ -371,5 +419,5 @@ def run(params: Params) -> None:
         log(
             "prepare: "
             + ", ".join(f"{s} {int(metrics[f'{s}_images'])}" for s in SPLITS)
-            + f" images at {config.image_size}x{config.image_size}; {len(bad)} unreadable"
+            + f" images at {side}x{side}; {len(bad)} unreadable"
         )

@@ -183,3 +183,32 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
     assert not chosen.reduced_jpeg_decode
     prepare.run(csv_params(labels_csv, image_size=24, reduced_jpeg_decode=True))
     assert read_manifest(Path("data/prepared")).served_framing().reduced_jpeg_decode
+
+
+def test_min_image_size_prepares_the_largest_side_whose_epochs_fit_the_time_budget(
+    labels_csv: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.min_image_size with train.max_minutes: prepare times the network's training step at each side from
+    data.image_size down to data.min_image_size and prepares the largest whose train.epochs fit in the budget."""
+    from pipeline.artifacts.prepared import read_manifest
+    from pipeline.config import parse_params
+
+    def prepared_at(minutes: float, min_image_size: int = 16) -> int:
+        base = csv_params(labels_csv, image_size=32, min_image_size=min_image_size).model_dump(mode="json")
+        prepare.run(parse_params({**base, "train": {**base["train"], "epochs": 3, "max_minutes": minutes}}))
+        side = read_manifest(Path("data/prepared")).image_size
+        assert _load("train")["images"].shape[1:] == (side, side, 3)
+        assert json.loads(Path("reports/prepare/metrics.json").read_text())["image_size"] == side
+        return side
+
+    assert prepared_at(600.0) == 32  # three epochs of these few images fit in ten hours at the largest side
+    assert (
+        "image size 32 px, the largest side from data.image_size 32 down to data.min_image_size 16 at which "
+        "train.epochs=3 fit in train.max_minutes=600 here (signnet trains at 32 px"
+        in capsys.readouterr().err.replace("\n", " ")
+    )
+    assert prepared_at(1e-6) == 16  # nothing fits in a few microseconds: the smallest, every side timed on the way
+    said = capsys.readouterr().err.replace("\n", " ")
+    assert "image size 16 px, the smallest: at no side from data.image_size 32 down to data.min_image_size 16" in said
+    assert all(f"{side} px " in said.split("signnet trains at")[1] for side in (32, 16))
+    assert prepared_at(1e-6, min_image_size=0) == 32 and "image size" not in capsys.readouterr().err  # off: as written
