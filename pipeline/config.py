@@ -73,8 +73,10 @@ class DataConfig(Section):
     """> 0 with `train.max_minutes`: the side is chosen for this machine. Prepare times a few training steps of
     `model.name` at sides from `image_size` down to this one (steps of 16 px) and prepares the largest at which
     `train.epochs` epochs fit in `train.max_minutes`, else this one (the budget then trains fewer epochs): a slow CPU
-    trains a smaller input for all its epochs rather than a large one for too few. The log says what it timed;
-    the prepared manifest, the model and its card carry the side. 0 = `image_size` as written."""
+    trains a smaller input for all its epochs rather than a large one for too few. For random weights only: a
+    network that starts from pretrained weights keeps `image_size` (they learn in a few epochs, at the side they were
+    made for). The log says what it timed; the prepared manifest, the model and its card carry the side. 0 =
+    `image_size` as written."""
     resize: Literal["stretch", "center_crop", "pad"] = "stretch"
     """How an image (its served crop, or its box) becomes that square, the same in prepare, evaluate, predict and
     the server: `stretch` squashes it (objects about square, such as road signs); `center_crop` keeps the central square of

@@ -238,11 +238,32 @@ def interpolation(params: Params) -> Interpolation:
     return expected_interpolation(params.model.name)
 
 
+def pretrained_weights(params: Params) -> str:
+    """The file a torchvision/timm network will start from (model.weights, `auto` resolved as train resolves it: the
+    library's cache, else a download where the network allows), or "" for random weights; a missing file or another
+    hash is one line here, before any image is decoded."""
+    m = params.model
+    if not LIBRARY_NETWORK.match(m.name) or m.weights == "none":
+        return ""
+    from pipeline.architectures import backbones
+
+    try:
+        info, _ = backbones.resolve(m.name, m.weights, m.weights_sha256)
+    except (backbones.WeightsError, ValueError) as exc:
+        raise StageError(str(exc)) from None
+    return info.file if info.source not in ("none", "random") else ""
+
+
 def image_size(params: Params, train_images: int, val_images: int, classes: int) -> int:
     """data.image_size, or with data.min_image_size and train.max_minutes the largest side whose training fits the
     budget on this machine (pipeline/training/pace.py), said in the log."""
     d, t = params.data, params.train
     if not (d.min_image_size and t.max_minutes) or d.min_image_size >= d.image_size:
+        return d.image_size
+    weights = pretrained_weights(params)
+    if weights:  # they learn in a few epochs, at the side they were made for: the budget then plans the epochs
+        log(f"prepare: image size {d.image_size} px: {params.model.name} starts from pretrained weights ({weights}); "
+            "data.min_image_size is for random weights, which need every epoch")  # fmt: skip
         return d.image_size
     import torch  # the network's own step is timed: only when the side is chosen
 
@@ -278,7 +299,7 @@ def image_size(params: Params, train_images: int, val_images: int, classes: int)
     verdict = (
         f"the largest side {sides} at which {budget}"
         if minutes[side] <= t.max_minutes
-        else f"the smallest: at no side {sides} do {budget}, so the budget will train fewer"
+        else f"the smallest: at no side {sides} do {budget}, so train.max_minutes plans the epochs after the first"
     )
     log(f"prepare: image size {side} px, {verdict} ({params.model.name} trains at {paces})")
     return side

@@ -212,3 +212,32 @@ def test_min_image_size_prepares_the_largest_side_whose_epochs_fit_the_time_budg
     assert "image size 16 px, the smallest: at no side from data.image_size 32 down to data.min_image_size 16" in said
     assert all(f"{side} px " in said.split("signnet trains at")[1] for side in (32, 16))
     assert prepared_at(1e-6, min_image_size=0) == 32 and "image size" not in capsys.readouterr().err  # off: as written
+
+
+def test_pretrained_weights_keep_the_image_size_and_a_missing_file_is_one_line(
+    labels_csv: Path, workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.min_image_size is for random weights: a network that starts from a weights file keeps data.image_size
+    (nothing timed); the same network from random weights gets the smallest side under a budget of microseconds."""
+    from safetensors.torch import save_file
+
+    from pipeline.architectures.backbones import library_network
+    from pipeline.artifacts.prepared import read_manifest
+    from pipeline.config import parse_params
+
+    name = "timm/mobilenetv3_small_050"
+    weights = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in library_network(name, 1000).state_dict().items()}, str(weights))
+
+    def prepared_with(model_weights: str) -> int:
+        base = csv_params(labels_csv, image_size=32, min_image_size=16).model_dump(mode="json")
+        prepare.run(parse_params({**base, "model": {**base["model"], "name": name, "weights": model_weights},
+                                  "train": {**base["train"], "epochs": 3, "max_minutes": 1e-6}}))  # fmt: skip
+        return read_manifest(Path("data/prepared")).image_size
+
+    assert prepared_with(str(weights)) == 32
+    said = capsys.readouterr().err.replace("\n", " ")
+    assert f"image size 32 px: {name} starts from pretrained weights ({weights})" in said and "trains at" not in said
+    assert prepared_with("none") == 16 and f"({name} trains at 32 px" in capsys.readouterr().err.replace("\n", " ")
+    with pytest.raises(StageError, match="no such file"):
+        prepared_with(str(tmp_path / "missing.safetensors"))
