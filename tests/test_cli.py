@@ -31,7 +31,7 @@ def test_help_lists_every_stage(tmp_path: Path) -> None:
 
 
 def test_bad_param_is_one_line_without_traceback(tmp_path: Path) -> None:
-    text = re.sub(r"image_size: ~ .*", "image_size: big", (REPO / "params.yaml").read_text())
+    text = re.sub(r"^  image_size: ~ .*", "  image_size: big", (REPO / "params.yaml").read_text(), flags=re.M)
     (tmp_path / "params.yaml").write_text(text)
     result = pipeline("prepare", cwd=tmp_path)
     assert result.returncode == 2
