@@ -38,6 +38,12 @@ def is_backbone(name: str) -> bool:
     return bool(sep) and family in FAMILIES and bool(arch)
 
 
+def trained_members(name: str, members: int) -> int:
+    """The committee size a run trains: `model.members`, but one for a library network (copies of one set of
+    pretrained weights would be the same network)."""
+    return 1 if is_backbone(name) else members
+
+
 def backbone_parts(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(backbone, head) parameters of a model whose members are `Backbone`s (the head: each classifier); ([], all)
     for our own networks, which train as one."""

@@ -271,7 +271,7 @@ def image_size(params: Params, train_images: int, val_images: int, classes: int)
     from pipeline.training import distributed, pace
 
     device = distributed.choose_device(t.device)
-    members = 1 if nets.is_backbone(params.model.name) else params.model.members
+    members = nets.trained_members(params.model.name, params.model.members)
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(distributed.cpu_threads(t.threads, t.nproc))
@@ -290,7 +290,7 @@ def image_size(params: Params, train_images: int, val_images: int, classes: int)
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    minutes = {p.image_size: t.epochs * p.epoch_seconds(trained, scored) / 60 for p in timed}
+    minutes = {p.image_size: p.minutes(t.epochs, trained, scored) for p in timed}
     paces = ", ".join(
         f"{p.image_size} px {p.images_per_second:.0f} img/s: {minutes[p.image_size]:.1f} min" for p in timed
     )

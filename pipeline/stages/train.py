@@ -136,8 +136,7 @@ def model_arch(params: Params, manifest: PreparedManifest, weights: WeightsInfo 
     """The network's description, saved with the weights: the one record both building and loading use (a
     torchvision/timm network's also says where its initial weights came from and the input they expect)."""
     m = params.model
-    # A committee of one pretrained backbone would be copies of one network: library networks train as one.
-    members = 1 if nets.is_backbone(m.name) else m.members
+    members = nets.trained_members(m.name, m.members)
     arch = nets.arch_kwargs(
         m.name, manifest.image_size, m.width, m.dropout, len(manifest.classes), m.input_norm, members
     )

@@ -40,6 +40,10 @@ class Pace:
         rate = max(self.images_per_second, 1e-9)
         return train_images / rate + val_images / (EVAL_SPEEDUP * rate)
 
+    def minutes(self, epochs: int, train_images: int, val_images: int) -> float:
+        """`epochs` such epochs, in minutes: what `train.max_minutes` is compared with."""
+        return epochs * self.epoch_seconds(train_images, val_images) / 60
+
 
 def candidate_sizes(largest: int, smallest: int) -> list[int]:
     """`largest`, then down in steps of SIZE_STEP to no less than `smallest` (just `largest` when it is the smaller)."""
@@ -98,6 +102,6 @@ def affordable_size(
         torch.manual_seed(0)
         rate = images_per_second(build(size), size, min(batch, MAX_TIMED_BATCH), classes, device, amp)
         timed.append(Pace(size, rate))
-        if epochs * timed[-1].epoch_seconds(train_images, val_images) <= minutes * 60:
+        if timed[-1].minutes(epochs, train_images, val_images) <= minutes:
             return size, timed
     return sizes[-1], timed
