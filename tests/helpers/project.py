@@ -78,7 +78,8 @@ def tiny_pipeline_params(work: Path) -> None:
     params["evaluate"].update({"min_accuracy": 0.0, "max_drop": 0.05})
     params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 64,
                                "max_accuracy_drop": 0.05})  # fmt: skip
-    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+    # One headline round: the rounds' median and range have their own test (tests/stages/test_benchmark.py).
+    params["benchmark"].update({"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1, "headline_rounds": 1,
                                 "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
     params["tracking"]["enabled"] = False
     (work / "params.yaml").write_text(yaml.safe_dump(params))

@@ -74,7 +74,6 @@ def sweep(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     params["benchmark"]["backends"] = ["onnxruntime", "torch-eager"]  # the speed-up is against default eager
     # Two variants are enough to compare and to serve (fp32, fp32-onnx): the int8 and bf16 ones have their own tests.
     params["optimize"].update({"int8_onnx": False, "bf16": "off"})
-    params["benchmark"]["headline_rounds"] = 1
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(env, MLFLOW_TRACKING_URI=stack.tracking_uri, **GIT_IDENTITY)  # no S3 keys: artifacts are proxied
     run(["git", "add", "-A"], work, env)
@@ -143,6 +142,20 @@ def test_a_queued_sweep_is_one_parent_run_per_experiment_in_postgres_and_s3(swee
                       aws_secret_access_key=sweep.stack.credentials.s3_secret_key)  # fmt: skip
     keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ARTIFACT_BUCKET) for o in page.get("Contents", [])]  # fmt: skip
     assert any(k.endswith("/MLmodel") for k in keys) and any(k.endswith("throughput.png") for k in keys), keys[:20]
+
+
+def test_the_mlflow_server_runs_no_job_runner(sweep: Sweep) -> None:
+    """MLflow's job runner (seven polling processes for GenAI evaluation jobs) is off unless a team sets
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION: the stack's server is the server and its web workers, nothing else."""
+    table = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    processes = [line.split(None, 2) for line in table.splitlines() if len(line.split(None, 2)) == 3]
+    tree, commands = {sweep.stack.pids["mlflow"]}, []
+    for _ in range(4):  # the server, its workers and anything they start
+        for pid, ppid, args in processes:
+            if int(ppid) in tree and int(pid) not in tree:
+                tree.add(int(pid))
+                commands.append(args)
+    assert commands and not [c for c in commands if "huey" in c], commands
 
 
 def test_the_champion_loads_with_mlflow_pyfunc_and_classifies_files_as_served(sweep: Sweep) -> None:
