@@ -1,7 +1,11 @@
 """The CPU time each test costs (its process and the subprocesses it waited for: stages, servers, `dvc repro`; not
 what the Docker engine or act's containers spend), beside its wall time: the suite's budget is CPU on two cores,
 and wall time under three workers says little about one test. `make test` prints the tests that cost most;
-PYTEST_CPU_TIME_FILE=path writes every test's cost there (tab-separated, costliest first)."""
+PYTEST_CPU_TIME_FILE=path writes every test's cost there (tab-separated, costliest first).
+
+PYTEST_PROCESS_LOG=path: every Python process the run starts (workers, stages, servers, `dvc`, act's host jobs, a
+queue's detached workers: all but the Docker engine's containers) appends its command, CPU and wall time and its test
+to that file at exit, through a `sitecustomize` put first on PYTHONPATH; the summary adds the costliest commands."""
 
 from __future__ import annotations
 
@@ -44,7 +48,83 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _costs.append((float(value), report.nodeid))
 
 
+PROCESS_LOG_ENV = "PYTEST_PROCESS_LOG"
+_PROCESS_LOGGER = """import atexit, json, os, resource, sys, time
+
+_started = time.time()
+
+
+def _write_process_record():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    record = {"argv": sys.argv[:6], "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+              "wall_s": round(time.time() - _started, 2),
+              "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+    try:
+        with open(os.environ["PYTEST_PROCESS_LOG"], "a") as log:
+            log.write(json.dumps(record) + "\\n")
+    except (KeyError, OSError):
+        pass
+
+
+atexit.register(_write_process_record)
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With PYTEST_PROCESS_LOG, the logger goes first on PYTHONPATH before any worker or subprocess starts."""
+    path = os.environ.get(PROCESS_LOG_ENV)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    log = Path(path).resolve()
+    os.environ[PROCESS_LOG_ENV] = str(log)
+    site = log.parent / f".{log.name}.site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_PROCESS_LOGGER)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+
+
+def command_kind(argv: list[str]) -> str:
+    """A process's command for the summary: the program, and its subcommand when it has one."""
+    if not argv:
+        return "?"
+    if argv[0] == "-c":  # inline code (xdist's workers, multiprocessing's children): its arguments are not commands
+        return "-c"
+    path = Path(argv[0])
+    program = path.name
+    if program == "__main__.py":  # `python -m package`
+        program = path.parent.name
+    elif program.endswith(".py"):  # `python -m package.module` or a script: with its folder
+        program = f"{path.parent.name}/{program}"
+    sub = [a for a in argv[1:2] if a and not a.startswith(("-", "/", "{", "[")) and len(a) < 40]
+    return " ".join([program, *sub])
+
+
+def process_costs(path: Path) -> list[tuple[float, int, str]]:
+    """(CPU seconds, processes, command) from a PYTEST_PROCESS_LOG file, costliest first."""
+    import json
+    from collections import defaultdict
+
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a killed process
+            continue
+        entry = totals[command_kind(record["argv"])]
+        entry[0] += record["cpu_s"]
+        entry[1] += 1
+    return sorted(((cpu, int(n), kind) for kind, (cpu, n) in totals.items()), reverse=True)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    log = os.environ.get(PROCESS_LOG_ENV)
+    if log and not os.environ.get("PYTEST_XDIST_WORKER") and Path(log).is_file():
+        costs = process_costs(Path(log))
+        terminalreporter.section(
+            f"CPU time per command: {sum(c for c, _, _ in costs) / 60:.1f} min in Python processes ({log})"
+        )
+        for cpu, count, kind in costs[:SHOWN]:
+            terminalreporter.write_line(f"{cpu:8.1f}s  {count:5d} processes  {kind}")
     if not _costs:
         return
     total = sum(cost for cost, _ in _costs)
