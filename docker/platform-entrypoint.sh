@@ -33,7 +33,7 @@ mlflow)
   export MLFLOW_BACKEND_STORE_URI="postgresql+psycopg2://mlflow:${TEAM_DB_PASSWORD}@postgres:5432/mlflow"
   # Clients get presigned URLs of this endpoint: an address they reach as well (compose.yaml says why).
   export MLFLOW_S3_ENDPOINT_URL="${S3_PUBLIC_URL:-http://127.0.0.1:${S3_PORT:-8333}}"
-  # MLflow's job runner (GenAI evaluation jobs): seven polling processes the pipeline never uses, off unless set.
+  # MLflow's job runner (GenAI evaluation jobs): polling processes the pipeline never uses, off unless set.
   export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
   exec mlflow server --host 0.0.0.0 --port 5000 --artifacts-destination s3://mlflow/artifacts \
     --workers "${MLFLOW_WORKERS:-2}" ${MLFLOW_SERVER_ARGS:-}

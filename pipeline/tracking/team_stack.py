@@ -249,7 +249,7 @@ def up(root: Path, ports: Ports | None = None, mlflow_workers: int = 2) -> Stack
         _wait(stack.s3_endpoint, "SeaweedFS", stack.pids["s3"], root / "s3.log", 60, ok=(200, 403))
         _wait_bucket(stack)
         server_env = dict(env, MLFLOW_BACKEND_STORE_URI=stack.database_uri)  # not on the command line (ps)
-        # MLflow's job runner (GenAI evaluation jobs) is seven polling processes the pipeline never uses: off unless set.
+        # MLflow's job runner (GenAI evaluation jobs) is a pool of polling processes the pipeline never uses: off unless set.
         server_env.setdefault(JOB_EXECUTION_ENV, "false")
         mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
                       str(stack.ports.mlflow), "--artifacts-destination", f"s3://{ARTIFACT_BUCKET}/artifacts",

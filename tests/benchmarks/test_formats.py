@@ -74,7 +74,7 @@ def test_every_format_through_the_libraries_themselves(prepared: Path, tmp_path:
     out = tmp_path / "figures.json"
     command += ["-m", "benchmarks", "formats", str(prepared), "--rows", "200", "--rounds", "1", "--json", str(out)]
     # Bytecode written: each format's reader is a fresh process that imports its library (mosaicml-streaming brings
-    # transformers) again, which without it is compiled from source each time (half of the command's CPU).
+    # transformers) again, which without it is compiled from source each time (docs/ci.md has the cost).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

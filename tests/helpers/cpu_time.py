@@ -9,8 +9,10 @@ to that file at exit, through a `sitecustomize` put first on PYTHONPATH; the sum
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
 
@@ -101,19 +103,17 @@ def command_kind(argv: list[str]) -> str:
 
 def process_costs(path: Path) -> list[tuple[float, int, str]]:
     """(CPU seconds, processes, command) from a PYTEST_PROCESS_LOG file, costliest first."""
-    import json
-    from collections import defaultdict
-
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    cpu: Counter[str] = Counter()
+    processes: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:  # a line cut short by a killed process
             continue
-        entry = totals[command_kind(record["argv"])]
-        entry[0] += record["cpu_s"]
-        entry[1] += 1
-    return sorted(((cpu, int(n), kind) for kind, (cpu, n) in totals.items()), reverse=True)
+        kind = command_kind(record["argv"])
+        cpu[kind] += record["cpu_s"]
+        processes[kind] += 1
+    return sorted(((seconds, processes[kind], kind) for kind, seconds in cpu.items()), reverse=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
