@@ -180,9 +180,10 @@ class TrainConfig(Section):
 
     epochs: int = Field(12, ge=1, le=1000)
     max_minutes: float = Field(0.0, ge=0.0, le=10080.0)
-    """A time budget for training (as Ultralytics' `time`): after the first epoch, the run trains as many epochs as
-    fit in it at that epoch's pace (at most `epochs`) and the learning rate anneals over those, so a slower CPU trains
-    fewer epochs rather than for longer; the log and reports/train/metrics.json (`epochs`) say how many. 0 = none."""
+    """A time budget for training (as Ultralytics' `time`): after each epoch, the run plans as many epochs as fit in
+    it at the mean pace of its epochs so far (at most `epochs`) and the learning rate anneals over those, so a slower
+    CPU trains fewer epochs rather than for longer; the log and reports/train/metrics.json (`epochs`) say how many.
+    0 = none."""
     batch_size: int = Field(128, ge=1, le=65536)
     """Global batch size: the sum over all processes (the per-process batch is this / nproc)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"

@@ -198,7 +198,7 @@ def worker(
 
     trainer = _new_trainer() if resume is None else _resumed(resume, model, optim, loader, _new_trainer(), d.main)
     spe = loader.steps_per_epoch
-    # `train.max_minutes` may plan fewer epochs after the first (kept in checkpoints): the schedule anneals over those.
+    # `train.max_minutes` plans the epochs after each one (kept in checkpoints): the schedule anneals over those.
     epochs = _epochs(t, trainer)
     schedule = {"total": epochs * spe}
 
@@ -250,9 +250,13 @@ def worker(
             else accuracy(model, eval_batches(val_split, eval_batch_size, d.rank, d.world), d, amp)
         )
         rate = session_samples / max(elapsed, 1e-9)
-        if t.max_minutes and trainer["planned_epochs"] is None:
-            epoch_seconds = elapsed * spe / max(remaining, 1) + clock.seconds() - elapsed  # + validation
-            epochs = trainer["planned_epochs"] = _budgeted_epochs(t, epoch_seconds, world, d.main)
+        if t.max_minutes:
+            # Planned again after every epoch at the mean pace so far (as Ultralytics' `time`): one slow first epoch
+            # (warm-up, another program busy for a while) does not decide the whole run.
+            trainer["budget_seconds"] += elapsed * spe / max(remaining, 1) + clock.seconds() - elapsed  # + validation
+            mean = trainer["budget_seconds"] / (epoch + 1)
+            epochs = _budgeted_epochs(t, mean, world, d.main, epoch + 1, trainer["planned_epochs"])
+            trainer["planned_epochs"] = epochs
             schedule["total"] = epochs * spe
         _close_epoch(trainer, (epoch + 1, epochs), lr, val_acc, rate, world, log if d.main else None)
         if patience and val_acc is not None and _stale_for(patience, best, val_acc, model, epoch + 1, d.main):
@@ -280,16 +284,20 @@ def _epochs(t: TrainConfig, trainer: dict[str, Any]) -> int:
     return min(t.epochs, trainer["planned_epochs"] or t.epochs)
 
 
-def _budgeted_epochs(t: TrainConfig, epoch_seconds: float, world: int, main: bool) -> int:
-    """The epochs that fit in `train.max_minutes` at the first epoch's pace (validation included), between 1 and
-    `train.epochs`; every process plans with the slowest one's pace, so all stop together."""
+def _budgeted_epochs(
+    t: TrainConfig, epoch_seconds: float, world: int, main: bool, done: int = 1, before: int | None = None
+) -> int:
+    """The epochs that fit in `train.max_minutes` at `epoch_seconds` an epoch (the mean of the `done` epochs so far,
+    validation included), between `done` and `train.epochs`; every process plans with the slowest one's pace, so all
+    stop together. Logged the first time and whenever the plan (`before`) changes."""
     pace = torch.tensor([epoch_seconds], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(pace, op=dist.ReduceOp.MAX)
-    planned = max(1, min(t.epochs, int(t.max_minutes * 60 / max(float(pace[0]), 1e-9))))
-    if main:
+    planned = max(1, done, min(t.epochs, int(t.max_minutes * 60 / max(float(pace[0]), 1e-9))))
+    if main and planned != before:
         console.log(
-            f"time budget: an epoch takes {float(pace[0]):.0f} s here, so {planned} of train.epochs' {t.epochs} fit "
+            f"time budget: an epoch takes {float(pace[0]):.0f} s here"
+            f"{'' if before is None else f' (the mean of {done})'}, so {planned} of train.epochs' {t.epochs} fit "
             f"in train.max_minutes={t.max_minutes:g}; the learning rate anneals over {planned}"
         )
     return planned
@@ -303,7 +311,8 @@ def _new_trainer() -> dict[str, Any]:
         "epoch_samples": 0,
         "train_seconds": 0.0,
         "stopped_early": False,  # a rerun after early stopping resumes to the end, not to more epochs
-        "planned_epochs": None,  # what train.max_minutes allowed after the first epoch (None: no budget, or not yet)
+        "planned_epochs": None,  # what train.max_minutes allows, planned after each epoch (None: no budget, or not yet)
+        "budget_seconds": 0.0,  # the finished epochs' seconds, validation included: their mean plans the budget
     }
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -325,6 +326,37 @@ def test_a_time_budget_plans_the_epochs_that_fit_after_the_first(project: Path, 
     assert all(torch.equal(budgeted[k], v) for k, v in weights().items())
     assert (train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 25.0, 1, False),
             train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 7.0, 1, False)) == (2, 6)  # fmt: skip
+
+
+def test_the_budget_is_planned_again_after_every_epoch_at_the_mean_pace(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One slow first epoch (another program busy, the first steps' warm-up) does not decide the run: after every
+    epoch the plan is made again from the mean of the epochs so far, never below the epochs done, and said when it
+    changes; the schedule anneals over the last plan."""
+    t = train_params(epochs=6, max_minutes=1).train
+    assert [
+        train._budgeted_epochs(t, seconds, 1, False, done) for seconds, done in ((45.0, 1), (25.0, 2), (30.0, 3))
+    ] == [1, 2, 3]
+    capsys.readouterr()
+    assert train._budgeted_epochs(t, 12.0, 1, True, 2, before=5) == 5 and not capsys.readouterr().err
+    assert train._budgeted_epochs(t, 10.0, 1, True, 2, before=5) == 6
+    assert "an epoch takes 10 s here (the mean of 2), so 6 of" in capsys.readouterr().err.replace("\n", " ")
+    real = train._budgeted_epochs
+    calls: list[tuple[float, int, int | None]] = []
+
+    def planned(t: Any, seconds: float, world: int, main: bool, done: int = 1, before: int | None = None) -> int:
+        calls.append((seconds, done, before))
+        return real(t, {1: 30.0, 2: 20.0}.get(done, 20.0), world, main, done, before)  # 2 epochs fit, then 3
+
+    monkeypatch.setattr(train, "_budgeted_epochs", planned)
+    params = train_params(epochs=6, max_minutes=1, checkpoint_every=0)
+    train.run(params)
+    assert [(done, before) for _, done, before in calls] == [(1, None), (2, 2), (3, 3)]
+    assert all(seconds > 0 for seconds, _, _ in calls)
+    history = (project / "reports/train/history.csv").read_text().splitlines()[1:]
+    assert len(history) == 3 and json.loads((project / "reports/train/metrics.json").read_text())["epochs"] == 3
+    assert float(history[-1].split(",")[3]) < 0.02 * params.train.lr  # annealed over the last plan's three
 
 
 def test_the_planned_epochs_anneal_the_schedule_and_stay_in_the_checkpoint(
