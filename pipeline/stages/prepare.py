@@ -299,7 +299,7 @@ def image_size(params: Params, train_images: int, val_images: int, classes: int)
     verdict = (
         f"the largest side {sides} at which {budget}"
         if minutes[side] <= t.max_minutes
-        else f"the smallest: at no side {sides} do {budget}, so train.max_minutes plans the epochs after the first"
+        else f"the smallest: at no side {sides} do {budget}, so train.max_minutes plans the epochs that fit"
     )
     log(f"prepare: image size {side} px, {verdict} ({params.model.name} trains at {paces})")
     return side

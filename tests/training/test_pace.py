@@ -38,6 +38,22 @@ def test_a_real_step_is_timed_and_a_larger_side_is_slower() -> None:
     assert net.training and net[0].weight.grad is not None  # the timing trained: forward, backward, update
 
 
+def test_the_timed_batch_is_channels_last_as_the_training_loader_gives_it() -> None:
+    seen: list[bool] = []
+
+    class Recording(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.is_contiguous(memory_format=torch.channels_last))
+            return self.conv(x).mean(dim=(2, 3))
+
+    pace.images_per_second(Recording(), 16, 4, 4, torch.device("cpu"), None)
+    assert seen and all(seen)
+
+
 @pytest.mark.parametrize(
     ("minutes", "chosen", "timed"),
     [
