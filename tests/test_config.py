@@ -119,6 +119,9 @@ def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> N
     photos = parse_params(_raw(source="folder", root=str(tmp_path / "pets")))
     assert photos.recipe == "photos"
     assert photos.data.image_size > 32 and photos.data.resize == "pad" and photos.augment.hflip
+    # photos move and scale by random-resized crops alone: no affine on top
+    affine = photos.augment.rotation, photos.augment.translate, photos.augment.scale, photos.augment.shear
+    assert affine == (0, 0, 0, 0)
     assert photos.evaluate.min_accuracy == 0.0 and not photos.train.train_on_val
     # A recipe of your own: a YAML file of params.yaml's sections.
     mine = tmp_path / "mine.yaml"

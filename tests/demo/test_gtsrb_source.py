@@ -149,6 +149,7 @@ def test_the_demos_recipe_and_names_follow_its_source(tmp_path: Path) -> None:
     demo = parse_params(raw)
     assert (demo.recipe, demo.data.image_size, demo.model.name, demo.model.members) == ("gtsrb", 32, "signnet", 2)
     assert demo.evaluate.min_accuracy == 0.985
+    assert (demo.augment.rotation, demo.augment.translate, demo.augment.scale, demo.augment.shear) == (10, 0.1, 0.1, 5)
     n = demo.name
     assert (n, demo.serve.model_name, demo.tracking.registered_model_name, demo.containerize.image) == (
         "gtsrb", n, f"{n}-classifier", f"{n}-server")  # fmt: skip
