@@ -2,10 +2,11 @@
 
 A budget of minutes buys fewer epochs on a slower CPU; below some number of epochs a network from random weights has
 not learned yet, and a smaller input that trains all of `train.epochs` does better. So prepare, before it writes a
-pixel, times a few training steps of the run's network at each size from `data.image_size` down to
-`data.min_image_size` (largest first, stopping at the first that fits) and prepares the largest whose epochs fit in
-the budget. A step's cost is not the square of the side (kernels and caches favour some sizes), so it is timed, not
-computed; the train stage's own budget then plans the epochs from the real epochs' pace, as without this.
+pixel, times a few training steps of the run's network at sizes from `data.image_size` down to `data.min_image_size`
+(the smallest first: where even it does not fit, that is the answer; else largest first, stopping at the first that
+fits) and prepares the largest whose epochs fit in the budget. A step's cost is not the square of the side (kernels
+and caches favour some sizes), so it is timed, not computed; the train stage's own budget then plans the epochs from
+the real epochs' pace, as without this.
 """
 
 from __future__ import annotations
@@ -98,12 +99,18 @@ def affordable_size(
     amp: torch.dtype | None,
 ) -> tuple[int, list[Pace]]:
     """The largest of `sizes` (largest first) at which `epochs` epochs fit in `minutes`, else the smallest; and
-    the paces timed on the way."""
-    timed: list[Pace] = []
-    for size in sizes:
-        torch.manual_seed(0)
-        rate = images_per_second(build(size), size, min(batch, MAX_TIMED_BATCH), classes, device, amp)
-        timed.append(Pace(size, rate))
-        if timed[-1].minutes(epochs, train_images, val_images) <= minutes:
-            return size, timed
-    return sizes[-1], timed
+    the paces timed on the way, largest first. The smallest is timed first: where even it does not fit, no larger
+    side can, and the slow machine is spared timing them."""
+    timed: dict[int, Pace] = {}
+
+    def fits(size: int) -> bool:
+        if size not in timed:
+            torch.manual_seed(0)
+            rate = images_per_second(build(size), size, min(batch, MAX_TIMED_BATCH), classes, device, amp)
+            timed[size] = Pace(size, rate)
+        return timed[size].minutes(epochs, train_images, val_images) <= minutes
+
+    chosen = sizes[-1]
+    if fits(sizes[-1]):
+        chosen = next(size for size in sizes if fits(size))
+    return chosen, sorted(timed.values(), key=lambda p: -p.image_size)
