@@ -188,8 +188,9 @@ def test_interpolation_auto_is_the_pretrained_weights_own_and_goes_to_the_served
 def test_min_image_size_prepares_the_largest_side_whose_epochs_fit_the_time_budget(
     labels_csv: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """data.min_image_size with train.max_minutes: prepare times the network's training step at each side from
-    data.image_size down to data.min_image_size and prepares the largest whose train.epochs fit in the budget."""
+    """data.min_image_size with train.max_minutes: prepare times the network's training step at sides from
+    data.image_size down to data.min_image_size (the smallest first) and prepares the largest whose train.epochs fit
+    in the budget."""
     from pipeline.artifacts.prepared import read_manifest
     from pipeline.config import parse_params
 
