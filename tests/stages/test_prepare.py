@@ -240,6 +240,6 @@ def test_pretrained_weights_keep_the_image_size_and_a_missing_file_is_one_line(
     assert prepared_with(str(weights)) == 32
     said = capsys.readouterr().err.replace("\n", " ")
     assert f"image size 32 px: {name} starts from pretrained weights ({weights})" in said and "trains at" not in said
-    assert prepared_with("none") == 16 and f"({name} trains at 32 px" in capsys.readouterr().err.replace("\n", " ")
+    assert prepared_with("none") == 16 and f"({name} trains at 16 px" in capsys.readouterr().err.replace("\n", " ")
     with pytest.raises(StageError, match="no such file"):
         prepared_with(str(tmp_path / "missing.safetensors"))
