@@ -17,7 +17,10 @@ from tests.helpers.params import on_test_data
 # once), the tests that drive the Docker engine share one worker (image tags, the registry), the tests of files
 # without module fixtures whose tests are each a whole pipeline run spread one by one, and the longest files start
 # first so that no worker waits alone at the end.
-ENGINE_TESTS = ("tests/ship/", "tests/test_dvc.py::test_your_own_folder_of_images_through_deploy")
+ENGINE_TESTS = (
+    "tests/ship/",
+    "tests/test_template.py::test_a_generated_project_runs_on_its_own_folder_of_images_through_deploy",
+)
 ACT_TESTS = ("tests/test_act.py", "tests/demo/test_pipeline_workflow.py")  # one act run at a time
 ONE_BY_ONE = ("tests/test_dvc.py",)
 pytest_plugins = ["tests.helpers.cpu_time"]

@@ -1,7 +1,6 @@
 """The real `dvc repro` on a copy of the project: caching, and re-running when a param changes."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,6 @@ import yaml
 
 from pipeline.artifacts.prepared import read_split
 from tests.helpers import DATA_ROOT_ENVS, REPO
-from tests.helpers.params import TEST_RECIPE
 from tests.helpers.project import GIT_IDENTITY, make_project, run, run_dvc_queue, tiny_pipeline_params
 
 pytestmark = pytest.mark.slow
@@ -220,79 +218,6 @@ def test_the_tuned_winner_in_one_command_then_kill_9_in_every_stage_then_repro_c
     assert not leftovers, leftovers
     print(f"killed in {killed_in} (dvc.lock cut short in {lock_cut_short});",
           f"the server after each kill: {[s[:90] for s in served_after_kill]}")  # fmt: skip
-
-
-@pytest.mark.slow
-def test_your_own_folder_of_images_through_deploy(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    """A second real dataset, not the demo's (scikit-learn's handwritten digits as a folder of PNGs) through
-    `dvc repro` to deploy (containerize and deploy run where a Docker engine answers, as in CI): the served
-    accuracy on held-out original files through the API, and the class names the data gave, everywhere."""
-    import httpx
-    import numpy as np
-
-    from pipeline.serve.client import predict_files
-    from tests.helpers.digits import write_digits_folder
-    from tests.helpers.server import start_server
-
-    work, env = project
-    digits = write_digits_folder(tmp_path / "digits")
-    env = {k: v for k, v in env.items() if k not in DATA_ROOT_ENVS}
-    shutil.copytree(REPO / "docker", work / "docker")
-    for name in ("uv.lock", "pyproject.toml"):
-        shutil.copy(REPO / name, work / name)
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["recipe"] = str(TEST_RECIPE)  # 8 px digits: the small-network recipe, not the photos one
-    params["data"].update({"source": "folder", "root": str(digits), "download": False})
-    params["model"].update({"width": 16, "members": 1})
-    params["train"].update({"epochs": 15, "batch_size": 64, "nproc": 1, "checkpoint_every": 0})
-    params["evaluate"]["min_accuracy"] = 0.95  # the gate, on the held-out files as served
-    params["optimize"].update({"prune_amount": 0.0, "int8_torch": False, "calibration_images": 256})
-    params["benchmark"].update({"threads": [0], "min_seconds": 0.1, "latency_calls": 20, "warmup": 2,
-                                "backends": ["onnxruntime"], "profile": False})  # fmt: skip
-    params["tracking"]["enabled"] = False
-    params["serve"]["model_name"] = "digits"
-    params["containerize"].update({"image": "digits-server-test", "skip_without_engine": True,
-                                   "base_image": os.environ.get("PIPELINE_TEST_BASE_IMAGE",
-                                                                params["containerize"]["base_image"])})  # fmt: skip
-    params["deploy"].update({"skip_without_engine": True, "container_name": f"digits-test-{os.getpid()}"})
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
-    run([sys.executable, "-m", "dvc", "repro", "deploy"], work, env)
-
-    classes = [str(d) for d in range(10)]
-    prepared = yaml.safe_load((work / "data/prepared/manifest.json").read_text())
-    assert prepared["dataset"] == "digits" and prepared["classes"] == classes
-    assert yaml.safe_load((work / "models/manifest.json").read_text())["classes"] == classes
-    evaluation = yaml.safe_load((work / "reports/evaluate/metrics.json").read_text())
-    assert evaluation["measured_on"] == "original files, whole" and evaluation["accuracy"] >= 0.95
-    assert "10 classes of `digits`" in (work / "reports/model_card.md").read_text()
-    deployed = yaml.safe_load((work / "reports/deploy/metrics.json").read_text())
-    if os.environ.get("PIPELINE_REQUIRE_DOCKER"):
-        assert not deployed.get("skipped"), "CI has an engine: deploy must have run"
-    if not deployed.get("skipped"):  # the container's API on every held-out original file
-        for path in ("png", "oip_bytes", "jpeg"):
-            assert deployed[f"served_accuracy_{path}"] >= 0.95, (path, deployed)
-        smoke = yaml.safe_load((work / "reports/deploy/smoke.json").read_text())
-        assert smoke["per_image_mismatches"] == {"fp32_tensor": [], "oip_bytes": [], "png": []}
-
-    # And the server process itself, asked with the held-out files by a plain HTTP client.
-    server = start_server(work / "models", tmp_path, {"model_name": "digits", "variant": "auto"})
-    try:
-        metadata = httpx.get(f"{server.url}/v2/models/digits").json()
-        assert metadata["parameters"]["classes"] == classes
-        files = [(work / "data/prepared" / name) for name in prepared["test_files"]]
-        labels = [int(label) for label in read_split("test", work / "data/prepared").labels]
-        answers = predict_files(server.url, [f.read_bytes() for f in files], "png")
-        accuracy = float(np.mean(np.asarray(answers) == np.asarray(labels)))
-        assert len(files) >= 300 and accuracy >= 0.95, accuracy
-        # evaluate measured the file this server serves: its headline is this client's figure, file for file
-        evaluated = yaml.safe_load((work / "reports/evaluate/predictions.json").read_text())
-        assert evaluated["served_predicted"] == answers and evaluation["accuracy"] == accuracy
-        named = httpx.post(f"{server.url}/v1/predict", files={"files": ("x.png", files[0].read_bytes())}).json()
-        assert named["predictions"][0]["top_k"][0]["name"] in classes
-    finally:
-        server.stop()
-    print(f"digits: served accuracy {evaluation['accuracy']:.4f} (evaluate), {accuracy:.4f} through the server "
-          f"on {len(files)} held-out files; deploy: {deployed}")  # fmt: skip
 
 
 @pytest.mark.slow

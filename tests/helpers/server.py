@@ -82,19 +82,7 @@ def start_server(
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("server not ready within 90 s")
-        time.sleep(0.2)
+    _wait_ready(process, url)
     from pipeline.artifacts.prepared import read_split
     from pipeline.runtimes import read_manifest
 
@@ -102,3 +90,36 @@ def start_server(
 
     classes = list(read_manifest(models_dir).classes)
     return Server(url, process, models_dir, images, classes, int(params["serve"]["max_body_bytes"]))
+
+
+def serve_project(project: Path, env: dict[str, str]) -> Server:
+    """`pipeline serve` in `project` itself: its own params.yaml (names, serve settings) and, with `env`'s PYTHONPATH,
+    its own package (a generated project), on a free port."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)], cwd=project,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(process, url)
+    from pipeline.artifacts.prepared import read_split
+    from pipeline.runtimes import read_manifest
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    images = read_split("test", project / "data" / "prepared").images
+    classes = list(read_manifest(project / "models").classes)
+    return Server(url, process, project / "models", images, classes, int(params["serve"]["max_body_bytes"]))
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("server not ready within 90 s")
+        time.sleep(0.2)
