@@ -81,15 +81,7 @@ def start_server(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
-    _wait_ready(process, url)
-    from pipeline.artifacts.prepared import read_split
-    from pipeline.runtimes import read_manifest
-
-    images = read_split("test", models_dir.parent / "data" / "prepared").images
-
-    classes = list(read_manifest(models_dir).classes)
-    return Server(url, process, models_dir, images, classes, int(params["serve"]["max_body_bytes"]))
+    return _ready(process, port, models_dir, int(params["serve"]["max_body_bytes"]))
 
 
 def serve_project(project: Path, env: dict[str, str]) -> Server:
@@ -98,28 +90,29 @@ def serve_project(project: Path, env: dict[str, str]) -> Server:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)], cwd=project,
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    _wait_ready(process, url)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    return _ready(process, port, project / "models", int(params["serve"]["max_body_bytes"]))
+
+
+def _ready(process: subprocess.Popen[bytes], port: int, models_dir: Path, max_body_bytes: int) -> Server:
+    """The started server once it answers ready, with the test images and classes of the model it serves."""
     from pipeline.artifacts.prepared import read_split
     from pipeline.runtimes import read_manifest
 
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    images = read_split("test", project / "data" / "prepared").images
-    classes = list(read_manifest(project / "models").classes)
-    return Server(url, process, project / "models", images, classes, int(params["serve"]["max_body_bytes"]))
-
-
-def _wait_ready(process: subprocess.Popen[bytes], url: str) -> None:
+    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
         if process.poll() is not None:
             raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
         try:
             if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return
+                break
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             process.kill()
             raise AssertionError("server not ready within 90 s")
         time.sleep(0.2)
+    images = read_split("test", models_dir.parent / "data" / "prepared").images
+    classes = list(read_manifest(models_dir).classes)
+    return Server(url, process, models_dir, images, classes, max_body_bytes)
