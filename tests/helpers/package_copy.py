@@ -12,7 +12,7 @@ def package_with(where: Path, new_file: str, text: str, table: str, after: str, 
     """`where`/pipeline: the package, plus `new_file` (relative to it) holding `text`, and `line` inserted in
     `table` after the line starting with `after`. Returns `where`, for PYTHONPATH."""
     package = where / "pipeline"
-    shutil.copytree(REPO / "pipeline", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "pipeline", package)  # with its bytecode (make test compiles it): valid, same mtimes
     (package / new_file).write_text(text)
     lines = (package / table).read_text().splitlines(keepends=True)
     at = next(i for i, existing in enumerate(lines) if existing.startswith(after))

@@ -47,7 +47,7 @@ def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has
         shutil.copy(REPO / name, work / name)
-    shutil.copytree(REPO / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "pipeline", work / "pipeline")  # with its bytecode (make test compiles it)
     images = write_synthetic_images(tmp_path / "raw")
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
