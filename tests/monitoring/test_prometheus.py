@@ -47,7 +47,7 @@ def test_the_alert_rules_pass_promtool_and_their_unit_tests_fire(tmp_path: Path)
     promtool = _tool("promtool")
     for args in (
         ["check", "rules", "alerts.yml"],
-        ["test", "rules", "alerts.test.yml"],
+        ["test", "rules", "alerts.test.yml", "alerts-week.test.yml"],
         ["check", "config", "prometheus.yml"],
     ):
         done = subprocess.run([promtool, *args], cwd=MONITORING, capture_output=True, text=True, timeout=120)
