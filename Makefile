@@ -49,7 +49,8 @@ help:
 
 env: .venv/.synced
 
-# ... and this project's own modules, which the environment does not hold: the suite starts hundreds of processes.
+# Where Python may not write bytecode, this project's own modules too (no environment holds them): the suite starts
+# hundreds of processes.
 bytecode: env
 	$(if $(PYTHONDONTWRITEBYTECODE),$(UV) run --frozen python -m compileall -q pipeline benchmarks tests)
 

@@ -34,6 +34,12 @@ def run_dvc_queue(work: Path, env: dict[str, str], *options: str, timeout: float
     start = subprocess.Popen([*dvc, "queue", "start", *options], cwd=work, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
     deadline = time.monotonic() + timeout
+
+    def stop_worker() -> str:
+        subprocess.run([*dvc, "queue", "stop", "--kill"], cwd=work, env=env, capture_output=True, timeout=120)
+        start.kill()
+        return start.communicate(timeout=30)[0]
+
     wait = 120.0
     while True:
         try:
@@ -41,21 +47,17 @@ def run_dvc_queue(work: Path, env: dict[str, str], *options: str, timeout: float
             break
         except subprocess.TimeoutExpired:
             status = run([*dvc, "queue", "status"], work, env)
-            if time.monotonic() >= deadline:
-                subprocess.run([*dvc, "queue", "stop", "--kill"], cwd=work, env=env, capture_output=True, timeout=120)
-                start.kill()
-                raise AssertionError(f"the queue was not empty after {timeout:.0f} s: {status}") from None
-            if "0 active" in status and not re.search(r"\b(Queued|Running)\b", status):
-                subprocess.run([*dvc, "queue", "stop"], cwd=work, env=env, capture_output=True, timeout=120)
-                try:
-                    output, _ = start.communicate(timeout=90)
-                except subprocess.TimeoutExpired:  # the output is the worker's; the experiments are done
-                    subprocess.run([*dvc, "queue", "stop", "--kill"], cwd=work, env=env, capture_output=True,
-                                   timeout=120)  # fmt: skip
-                    start.kill()
-                    output, _ = start.communicate(timeout=30)
-                break
-            wait = 45.0
+        if time.monotonic() >= deadline:
+            stop_worker()
+            raise AssertionError(f"the queue was not empty after {timeout:.0f} s: {status}") from None
+        if "0 active" in status and not re.search(r"\b(Queued|Running)\b", status):  # done: the worker is idle
+            subprocess.run([*dvc, "queue", "stop"], cwd=work, env=env, capture_output=True, timeout=120)
+            try:
+                output, _ = start.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                output = stop_worker()
+            break
+        wait = 45.0
     assert start.returncode in (0, -9), output
     return run([*dvc, "queue", "status"], work, env)
 
