@@ -82,6 +82,12 @@ def prepare(params: Path = ParamsOption) -> None:
 
 
 @app.command()
+def weights(params: Path = ParamsOption) -> None:
+    """Resolve model.weights (a package's, the library's cache or Hub, a file) and record its sha256 for train."""
+    _run_stage("weights", params)
+
+
+@app.command()
 def train(params: Path = ParamsOption) -> None:
     """Train the model (resumable; several processes with train.nproc)."""
     _run_stage("train", params)

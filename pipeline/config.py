@@ -156,8 +156,10 @@ class ModelConfig(Section):
         return _network_name(name)
 
     weights: str = Field("none", min_length=1)
-    """torchvision/timm networks: `none` (random initialisation), `auto` (the library's pretrained weights when they
-    can be had, else random weights, which the log, the MLflow run and the model card then say), `default` (the library's pretrained weights,
+    """torchvision/timm networks: `none` (random initialisation), `package` (the weights an installed package ships:
+    pipeline/architectures/weights.py's table, pinned in uv.lock), `auto` (the package's where the table has them,
+    else the library's pretrained weights when they can be had, else random weights, which the log, the MLflow run
+    and the model card then say), `default` (the library's pretrained weights,
     through its cache: TORCH_HOME / HF_HOME, so offline once the cache holds them) or a path to a `.safetensors`
     or `.pth` state dict (read with weights_only=True). Every tensor but the classifier's is loaded."""
     weights_sha256: str = Field("", pattern=r"^([0-9a-fA-F]{64})?$")
@@ -231,6 +233,15 @@ class TrainConfig(Section):
     early_stopping_patience: int = Field(0, ge=0, le=1000)
     """With validation held out (`train_on_val: false`): stop after this many epochs without a better validation
     accuracy and keep the best epoch's weights; 0 = off (the shipped recipe trains on validation)."""
+    from_pretrained: Literal["full", "features"] = "full"
+    """torchvision/timm networks that start from pretrained weights: `full` trains the whole network for the epochs;
+    `features` computes the frozen backbone's features once (cached), fits the classifier on them in seconds, then
+    fine-tunes the last `tail_blocks` blocks on the cached activations in what is left of `max_minutes` and keeps
+    whichever validation prefers; a kept head is then refitted on training + validation with the settings validation
+    chose (pipeline/training/features.py). The right first step on a CPU. Random weights always train `full`."""
+    tail_blocks: int = Field(1, ge=0, le=16)
+    """`from_pretrained: features`: the last blocks fine-tuned after the head (0: the head only). A network the
+    features module cannot cut there trains its head only."""
     freeze_backbone_epochs: int = Field(0, ge=0)
     """torchvision/timm networks with pretrained weights: the backbone's learning rate is 0 for this many first
     epochs (the fresh head settles before the pretrained features move); nothing is frozen from random weights."""

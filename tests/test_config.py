@@ -118,7 +118,7 @@ def _raw(**data: object) -> dict[str, object]:
 def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> None:
     photos = parse_params(_raw(source="folder", root=str(tmp_path / "pets")))
     assert photos.recipe == "photos"
-    assert photos.data.image_size > 32 and photos.data.resize == "pad" and photos.augment.hflip
+    assert photos.data.image_size > 32 and photos.data.resize == "center_crop" and photos.augment.hflip
     # photos move and scale by random-resized crops alone: no affine on top
     affine = photos.augment.rotation, photos.augment.translate, photos.augment.scale, photos.augment.shear
     assert affine == (0, 0, 0, 0)
@@ -167,7 +167,7 @@ def test_pipeline_params_says_where_every_value_came_from(tmp_path: Path) -> Non
     shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "params"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
-    assert "memory_gb = 4.0" in shown.stdout and "model.name = 'timm/resnet10t'  (recipe photos)" in shown.stdout
+    assert "memory_gb = 4.0" in shown.stdout and "model.name = 'timm/efficientnet_lite0'  (recipe photos)" in shown.stdout
 
 
 def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """Networks users bring by name: `torchvision/<arch>` (any classification builder of torchvision.models) and
-`timm/<arch>` (timm.create_model), with their weights: `none`, `default` (the library's own pretrained file,
-through the library's own cache: TORCH_HOME, HF_HOME) or a path to a `.safetensors` / `.pth` state dict.
+`timm/<arch>` (timm.create_model), with their weights: `none`, `package` (an installed package's file:
+pipeline/architectures/weights.py), `default` (the library's own pretrained file, through the library's own cache:
+TORCH_HOME, HF_HOME), a path to a `.safetensors` / `.pth` state dict, or `auto` (the first of package, default
+that can be had, else random weights, said so).
 
 Weights never run code: `.pth` files load with `torch.load(weights_only=True)`, safetensors hold tensors only.
 The classifier is always sized from the data's classes and initialised fresh; every other tensor must fit the
@@ -10,7 +12,6 @@ network, else one line names the file and the first tensor that does not. The in
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -19,6 +20,9 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from pipeline.architectures import weights as packaged_weights
+from pipeline.artifacts.checksum import sha256_of
 
 FAMILIES = ("torchvision", "timm")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -78,7 +82,7 @@ def classifier_names(net: nn.Module) -> list[str]:
 class WeightsInfo:
     """Where a backbone's initial weights came from and the input they expect (recorded with the architecture)."""
 
-    source: str  # none | default | the path given | random (auto found no pretrained file)
+    source: str  # none | package | default | the path given | random (auto found no pretrained file)
     file: str = ""  # the file read (default: in the library's cache)
     sha256: str = ""
     license: str = ""
@@ -89,14 +93,6 @@ class WeightsInfo:
 
     def record(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _expected_input(name: str) -> tuple[tuple[float, ...], tuple[float, ...], str, str]:
@@ -121,10 +117,13 @@ def _expected_input(name: str) -> tuple[tuple[float, ...], tuple[float, ...], st
     return tuple(t.mean), tuple(t.std), str(t.interpolation.value), licence
 
 
-def expected_interpolation(name: str) -> Literal["bilinear", "bicubic"]:
-    """The resize filter `name`'s pretrained weights were made with: data.interpolation's `auto`."""
+def expected_interpolation(name: str, weights: str = "default") -> Literal["bilinear", "bicubic"]:
+    """The resize filter `name`'s pretrained weights (`model.weights`) were made with: data.interpolation's `auto`."""
     if name.partition("/")[0] not in FAMILIES:  # signnet / trafficsignnet: no pretrained weights
         return "bilinear"
+    record = packaged_weights.packaged(name)
+    if record is not None and weights in ("auto", "package"):
+        return "bicubic" if record.interpolation == "bicubic" else "bilinear"
     return "bicubic" if _expected_input(name)[2] == "bicubic" else "bilinear"
 
 
@@ -213,11 +212,10 @@ def resolve(name: str, weights: str, sha256: str = "") -> tuple[WeightsInfo, dic
     mean, std, interpolation, licence = _expected_input(name)
     if weights == "none":
         return WeightsInfo("none", interpolation=interpolation), None
-    if weights == "auto":  # the library's pretrained file when it can be had, else random weights, said so
-        try:
-            return resolve(name, "default")
-        except WeightsError as exc:
-            return WeightsInfo("random", interpolation=interpolation, note=str(exc)), None
+    if weights == "auto":
+        return _first_available(name, sha256)
+    if weights == "package":
+        return _from_package(name, sha256)
     if weights == "default":
         path = _default_file(name)
     else:
@@ -225,11 +223,49 @@ def resolve(name: str, weights: str, sha256: str = "") -> tuple[WeightsInfo, dic
         if not path.is_file():
             raise WeightsError(f"model.weights {path}: no such file")
         licence = ""  # a file of the user's: its licence is theirs to state
-    digest = sha256_of(path)
-    if sha256 and digest != sha256.lower():
-        raise WeightsError(f"{path}: sha256 is {digest}, not model.weights_sha256 {sha256}")
+    digest = _checked_sha256(path, sha256)
     state = read_state_dict(path)
     return WeightsInfo(weights, str(path), digest, licence, mean, std, interpolation), state
+
+
+def _first_available(name: str, sha256: str) -> tuple[WeightsInfo, dict[str, torch.Tensor] | None]:
+    """`auto`: the pinned package's weights where the table has them (the same file online and offline), else the
+    library's cache or Hub, else random weights with the reasons in `note`."""
+    reasons = []
+    for source in ("package", "default"):
+        if source == "package" and packaged_weights.packaged(name) is None:
+            continue
+        try:
+            return resolve(name, source, sha256)
+        except (WeightsError, LookupError) as exc:
+            reasons.append(str(exc))
+    return WeightsInfo("random", interpolation=_expected_input(name)[2], note="; ".join(reasons)), None
+
+
+def _from_package(name: str, sha256: str) -> tuple[WeightsInfo, dict[str, torch.Tensor]]:
+    """An installed package's weights for `name` (weights.PACKAGES), under the network's own tensor names."""
+    record = packaged_weights.packaged(name)
+    try:
+        path = packaged_weights.package_file(name)
+    except LookupError as exc:
+        raise WeightsError(str(exc)) from None
+    digest = _checked_sha256(path, sha256)
+    state = read_state_dict(path)
+    if record is not None and record.names == "by_position":  # the library's classifier (1000 classes) included
+        try:
+            state = packaged_weights.by_position(state, library_network(name, 1000).state_dict())
+        except ValueError as exc:
+            raise WeightsError(f"{path}: does not fit {name}: {exc}") from None
+    assert record is not None  # package_file raised otherwise
+    info = WeightsInfo("package", str(path), digest, record.license, record.mean, record.std, record.interpolation)
+    return info, state
+
+
+def _checked_sha256(path: Path, expected: str) -> str:
+    digest = sha256_of(path)
+    if expected and digest != expected.lower():
+        raise WeightsError(f"{path}: sha256 is {digest}, not model.weights_sha256 {expected}")
+    return digest
 
 
 def load_into(net: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> list[str]:

@@ -154,13 +154,19 @@ def weights_line(weights: dict[str, Any]) -> str:
             f"({weights.get('note', '')}); the network learnt from this data only. Supply the weights file "
             "(docs/own-model.md) for a far better model."
         )
-    what = "the library's pretrained weights" if source == "default" else "a weights file"
+    what = {
+        "default": "the library's pretrained weights",
+        "package": "the pretrained weights an installed package ships (pinned in uv.lock)",
+    }.get(source, "a weights file")
     licence = str(weights.get("license") or "not stated")
-    return (
+    line = (
         f"- Initial weights: {what}, `{Path(str(weights.get('file', ''))).name}`, SHA-256 `{weights.get('sha256', '')}`"
         f" (licence: {licence}); classifier initialised fresh for these classes; input normalised with mean "
         f"{weights.get('mean')} / std {weights.get('std')}."
     )
+    if weights.get("training"):  # train.from_pretrained: features says what it did and why
+        line += f"\n- Training from them: {weights['training']}."
+    return line
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -235,7 +235,7 @@ def interpolation(params: Params) -> Interpolation:
         expected_interpolation,  # torch and the model libraries: only for `auto`
     )
 
-    return expected_interpolation(params.model.name)
+    return expected_interpolation(params.model.name, params.model.weights)
 
 
 def pretrained_weights(params: Params) -> str:

@@ -35,6 +35,7 @@ from pipeline import console
 from pipeline.architectures import backbones, nets
 from pipeline.architectures.backbones import WeightsInfo
 from pipeline.artifacts import REPORTS_DIR
+from pipeline.artifacts import initial_weights as weights_record
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import (
     PREPARED_DIR,
@@ -50,7 +51,7 @@ from pipeline.errors import StageError
 from pipeline.machine.memory_budget import Budget
 from pipeline.tracking import git_commit, metrics_logger, stage_run
 from pipeline.training import checkpoint as ckpt
-from pipeline.training import distributed
+from pipeline.training import distributed, features
 from pipeline.training.engine import Engine, Loss, accuracy, make_optimizer, one_cycle_lr, recalibrate_batchnorm
 
 TRAIN_REPORTS = REPORTS_DIR / "train"
@@ -244,6 +245,9 @@ def worker(
                 _kill_for_the_test()
         elapsed = clock.seconds()
         trainer["train_seconds"] += elapsed
+        if val_split is not None and nets.is_backbone(params.model.name):
+            # validation, and the state it keeps, read the statistics the model will serve with
+            _recalibrate(model, loader, eval_batch_size, d, amp, max_images=512)
         val_acc = (
             None
             if val_split is None
@@ -395,10 +399,12 @@ def _close_epoch(
         _log_epoch(log, entry)
 
 
-def _recalibrate(model: nn.Module, loader: TrainLoader, eval_batch_size: int, d: Any, amp: Any) -> None:
+def _recalibrate(
+    model: nn.Module, loader: TrainLoader, eval_batch_size: int, d: Any, amp: Any, max_images: int = 2048
+) -> None:
     # Library networks keep BatchNorm statistics with small momenta (0.01 in torchvision's MobileNetV3 and
-    # EfficientNet): re-estimated on up to 2,048 training images, so eval mode sees this data's statistics.
-    spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), 2048)).long()  # every class
+    # EfficientNet): re-estimated on up to `max_images` training images, so eval mode sees this data's statistics.
+    spread = torch.linspace(0, len(loader.split) - 1, min(len(loader.split), max_images)).long()  # every class
     recalibrate_batchnorm(model, loader.split.images[spread], eval_batch_size // 4 or 1, d, amp)
 
 
@@ -667,6 +673,10 @@ def run(params: Params) -> None:
             f"{params.model.name}: weights {weights.source}"
             + (f" ({weights.file}, sha256 {weights.sha256[:12]})" if weights.file else "")
         )
+    _check_recorded(weights)
+    if state is not None and params.train.from_pretrained == "features":
+        _run_features(params, manifest, weights, state)
+        return
     world = params.train.nproc
     device = distributed.choose_device(params.train.device)
     if device.type == "cuda" and world > torch.cuda.device_count():
@@ -675,9 +685,7 @@ def run(params: Params) -> None:
     retire_other_runs(run_checkpoints(params, manifest), main=True)
     wall = time.perf_counter()
     with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
-        mlrun.set_tags(_environment(params, world))
-        if weights is not None:
-            mlrun.set_tags({"initial_weights": weights.source, "initial_weights_sha256": weights.sha256 or "none"})
+        mlrun.set_tags(_environment(params, world) | _weights_tags(weights))
         _log_dataset(mlrun, manifest)
         if resume is not None:
             mlrun.set_tags({"resumed_from": str(resume.folder)})
@@ -690,6 +698,100 @@ def run(params: Params) -> None:
                 distributed.spawn(_spawned, world, args)
                 summary = json.loads(result.read_text())
         _finish(mlrun, summary, wall)
+
+
+def _check_recorded(weights: WeightsInfo | None) -> None:
+    """The weights stage's record (models/weights.json), when there, names the file train resolved: else the
+    file changed between the two, and DVC would not know what train started from."""
+    if weights is None or not weights_record.WEIGHTS_PATH.is_file():
+        return
+    recorded = weights_record.read()
+    if recorded.sha256 != weights.sha256:
+        raise StageError(
+            f"{weights_record.WEIGHTS_PATH} records {recorded.source} weights (sha256 {recorded.sha256[:12] or '-'}), "
+            f"but train resolved {weights.source} (sha256 {weights.sha256[:12] or '-'}): run `dvc repro` (or "
+            "`pipeline weights`) so the record names what train starts from"
+        )
+
+
+def _run_features(
+    params: Params, manifest: PreparedManifest, weights: WeightsInfo | None, state: Mapping[str, torch.Tensor]
+) -> None:
+    """`train.from_pretrained: features` (pipeline/training/features.py), in this process: the classifier on the
+    frozen backbone's cached features, then the last blocks where validation prefers them."""
+    t = params.train
+    torch.manual_seed(t.seed)
+    torch.set_num_threads(distributed.cpu_threads(t.threads, 1))
+    train_split, val_split = load_split("train", PREPARED_DIR), load_split("val", PREPARED_DIR)
+    model = build_model(params, manifest, weights, state)
+    run = features.FeaturesRun(
+        cache=Path(t.checkpoint_dir) / "features",
+        key=features.cache_key(manifest.content_sha256, weights.sha256 if weights else "", params.model.name,
+                               manifest.image_size, t.tail_blocks),
+        classes=len(manifest.classes), seconds=t.max_minutes * 60 or float("inf"),
+        tail=features.TailSettings(t.lr * t.backbone_lr_factor, params.regularize.weight_decay,
+                                   params.regularize.label_smoothing, t.epochs, seed=t.seed),
+        refit_on_val=True,  # the settings were chosen on validation; the head then learns from it too
+    )  # fmt: skip
+    wall = time.perf_counter()
+    with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
+        mlrun.set_tags(_environment(params, 1) | _weights_tags(weights))
+        _log_dataset(mlrun, manifest)
+        outcome = features.fit(model, t.tail_blocks, train_split, val_split, run)
+        model.eval()
+        mean, std = input_stats(manifest, weights)
+        arch = model_arch(params, manifest, weights)
+        arch["weights"] = {**arch["weights"], "training": outcome.describe(manifest.image_size)}  # type: ignore[dict-item]
+        model_file.write(model_file.MODEL_PATH, arch, mean, std, manifest.classes, model.state_dict())
+        summary = _features_summary(params, outcome, manifest, len(train_split), nets.count_parameters(model))
+        mlrun.log_metrics({"val_accuracy": outcome.val_accuracy, "head_val_accuracy": outcome.head.val_accuracy})
+        mlrun.set_tags({"features_kept": outcome.kept, "features_cached": str(outcome.cached)})
+        _finish(mlrun, summary, wall)
+    console.log(f"train: {outcome.describe(manifest.image_size)}")
+
+
+def _features_summary(
+    params: Params, outcome: features.Outcome, manifest: PreparedManifest, train_images: int, parameters: int
+) -> dict[str, Any]:
+    """train.json's figures for a features run (the same keys as a full run's, plus what the features did)."""
+    seconds = outcome.feature_seconds + outcome.fit_seconds
+    return {
+        "val_accuracy": outcome.val_accuracy,
+        "validation": "held out",
+        "train_images": train_images,
+        "train_loss": float("nan"),
+        "epochs": outcome.tail_epochs,
+        "steps": 0,
+        "train_seconds": seconds,
+        "images_per_s": train_images / max(seconds, 1e-9),
+        "parameters": parameters,
+        "world_size": 1,
+        "device": "cpu",
+        "method": "features",
+        "kept": outcome.kept,
+        "tail_blocks": outcome.tail_blocks,
+        "head_val_accuracy": outcome.head.val_accuracy,
+        "tail_val_accuracy": outcome.tail_val_accuracy,
+        "refit_on_val": outcome.refit_on_val,
+        "features_cached": outcome.cached,
+        "feature_seconds": outcome.feature_seconds,
+        "what": outcome.describe(manifest.image_size),
+        # epoch 0: the head on frozen features; then each fine-tune epoch of the tail
+        "history": [{"epoch": 0, "train_loss": float("nan"), "val_accuracy": outcome.head.val_accuracy,
+                     "lr": 0.0, "images_per_s": 0.0}]
+        + [{"epoch": i, "train_loss": loss, "val_accuracy": val, "lr": params.train.lr * params.train.backbone_lr_factor,
+            "images_per_s": 0.0} for i, (loss, val) in enumerate(outcome.history, start=1)],
+    }  # fmt: skip
+
+
+def _weights_tags(weights: WeightsInfo | None) -> dict[str, str]:
+    if weights is None:
+        return {}
+    return {
+        "initial_weights": weights.source,
+        "initial_weights_file": weights.file or "none",
+        "initial_weights_sha256": weights.sha256 or "none",
+    }
 
 
 def _log_dataset(mlrun: Any, manifest: PreparedManifest) -> None:
@@ -730,7 +832,7 @@ def _run_torchrun(params: Params, rank: int, world: int) -> None:
             return
         wall = time.perf_counter()
         with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
-            mlrun.set_tags(_environment(params, world))
+            mlrun.set_tags(_environment(params, world) | _weights_tags(initial_weights(params)[0]))
             _log_dataset(mlrun, manifest)
             if resume is not None:
                 mlrun.set_tags({"resumed_from": str(resume.folder)})
