@@ -5,8 +5,8 @@ validation images; its activations are cached under `train.checkpoint_dir/featur
 hash, the weights' sha256, the side and the cut, so a second run (another head, another budget) reuses them. A head
 (the classifier) is then fitted on the pooled features in seconds (L-BFGS, a few weight decays and with or without
 the mirror images, chosen on validation), and in what is left of `train.max_minutes` the last `train.tail_blocks`
-blocks are fine-tuned on the cached activations. Validation keeps whichever of the two is better; the chosen head
-is then refitted on training + validation with the settings validation chose. The result is the same one network
+blocks are fine-tuned on the cached activations. Validation keeps whichever of the two is better; the kept network's
+classifier is then refitted on training + validation with the settings validation chose. The result is the same one network
 (backbone + head), so optimize, benchmark, evaluate and the server need no other path.
 
 A network is cut by the first entry of `CUTS` that can cut it (a Protocol and a table: one class and one line for
@@ -259,15 +259,15 @@ class Outcome:
             f"({'with' if self.head.mirrored else 'without'} mirror images, weight decay {self.head.weight_decay:g}: "
             f"validation {self.head.val_accuracy:.4f})"
         )
+        refit = "; then its classifier refitted on training + validation" if self.refit_on_val else ""
         if self.kept == "tail":
             return (f"{head}, then its last {self.tail_blocks} block(s) fine-tuned for {self.tail_epochs} epoch(s), "
-                    f"kept: validation {self.tail_val_accuracy:.4f}")  # fmt: skip
+                    f"kept: validation {self.tail_val_accuracy:.4f}{refit}")  # fmt: skip
         why = (
             "no time was left for a fine-tune" if self.tail_val_accuracy is None
             else f"a fine-tune of the last {self.tail_blocks} block(s) for {self.tail_epochs} epoch(s) reached "
             f"{self.tail_val_accuracy:.4f} on validation, no better"
         )  # fmt: skip
-        refit = "; then refitted on training + validation" if self.refit_on_val else ""
         return f"{head}, kept: {why}{refit}"
 
 
@@ -413,17 +413,16 @@ def fit(model: nn.Module, blocks: int, train: Split, val: Split, run: FeaturesRu
     left = run.seconds - (time.perf_counter() - began)
     tuned = fine_tune_tail(the_cut, acts, (train.labels, val.labels), left, run.tail) if the_cut.blocks else None
     kept_tail = tuned is not None and tuned[2] is not None and tuned[0] > choice.val_accuracy
-    if kept_tail:
-        the_cut.load(tuned[2])  # type: ignore[index, arg-type]
-    else:
-        the_cut.load(before)
-        if run.refit_on_val:
-            _refit(the_cut, feats, train.labels, val.labels, run.classes, choice)
+    the_cut.load(tuned[2] if kept_tail else before)  # type: ignore[index, arg-type]
+    if run.refit_on_val:  # the kept network's classifier learns from validation too, with the settings it chose
+        if kept_tail:
+            feats = {name: pooled_features(the_cut, a) for name, a in vars(acts).items()}
+        _refit(the_cut, feats, train.labels, val.labels, run.classes, choice)
     return Outcome(
         kept="tail" if kept_tail else "head", head=choice, tail_blocks=the_cut.blocks,
         tail_epochs=len(tuned[1]) if tuned else 0, tail_val_accuracy=tuned[0] if tuned and tuned[1] else None,
         val_accuracy=tuned[0] if kept_tail else choice.val_accuracy,  # type: ignore[index]
-        refit_on_val=run.refit_on_val and not kept_tail, history=tuple(tuned[1]) if tuned else (), cached=cached,
+        refit_on_val=run.refit_on_val, history=tuple(tuned[1]) if tuned else (), cached=cached,
         feature_seconds=feature_seconds, fit_seconds=time.perf_counter() - began - feature_seconds,
     )  # fmt: skip
 

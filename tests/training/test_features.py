@@ -107,19 +107,19 @@ def test_the_head_is_kept_when_the_fine_tune_loses_on_validation(tmp_path: Path)
     """A fine-tune at an absurd learning rate wrecks the tail: validation keeps the head, and the tail's weights
     are back to the pretrained ones."""
     info, state = backbones.resolve(LITE0, "package")
-    model = nets.build(LITE0, info.mean, info.std, 32, num_classes=3)
+    model = nets.build(LITE0, info.mean, info.std, 96, num_classes=3)
     backbones.load_into(model.net, state, info.file)
     before = {k: v.clone() for k, v in model.net.conv_head.state_dict().items()}
-    train_split, val_split = _toy_splits()
+    train_split, val_split = _toy_splits(side=96)  # at 32 px the pretrained features are nearly constant
     run = features.FeaturesRun(tmp_path / "cache", "toy", 3, 600.0,
                                features.TailSettings(lr=50.0, weight_decay=0.0, label_smoothing=0.0, max_epochs=2),
                                refit_on_val=False)  # fmt: skip
     outcome = features.fit(model, 1, train_split, val_split, run)
     assert outcome.tail_epochs == 2 and outcome.tail_val_accuracy is not None
-    assert outcome.tail_val_accuracy <= outcome.head.val_accuracy and outcome.kept == "head"
+    assert outcome.head.val_accuracy == 1.0 and outcome.kept == "head"
     for key, value in model.net.conv_head.state_dict().items():
         assert torch.equal(value, before[key]), key
-    assert "no better" in outcome.describe(32)
+    assert "no better" in outcome.describe(96)
 
 
 def _features_params(tmp_path: Path, **train: object):
