@@ -103,5 +103,11 @@ def bench_accuracy(ctx: typer.Context) -> None:
     _tool("benchmarks.accuracy", ctx)
 
 
+@app.command("served-folder", context_settings=PASS_THROUGH)
+def bench_served_folder(ctx: typer.Context) -> None:
+    """A running server's accuracy on a labelled folder of files, one file a request to /v1/predict (httpx)."""
+    _tool("benchmarks.served_folder", ctx)
+
+
 if __name__ == "__main__":
     app()

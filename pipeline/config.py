@@ -237,9 +237,9 @@ class TrainConfig(Section):
     """torchvision/timm networks that start from pretrained weights: `full` trains the whole network for the epochs;
     `features` computes the frozen backbone's features once (cached), fits the classifier on them in seconds, then
     fine-tunes the last `tail_blocks` blocks on the cached activations in what is left of `max_minutes` and keeps
-    whichever validation prefers; the kept network's classifier is then refitted on training + validation with the
-    settings validation chose (pipeline/training/features.py). The right first step on a CPU. Random weights always
-    train `full`."""
+    whichever validation prefers; with `train_on_val` the kept network's classifier is then refitted on training +
+    validation with the settings validation chose (pipeline/training/features.py). The right first step on a CPU.
+    Random weights always train `full`."""
     tail_blocks: int = Field(1, ge=0, le=16)
     """`from_pretrained: features`: the last blocks fine-tuned after the head (0: the head only). A network the
     features module cannot cut there trains its head only."""

@@ -157,6 +157,9 @@ class PreparedManifest(_Record):
     """SHA-256 of every split's images and labels: what a checkpoint or a model was made from."""
     test_files: list[str] = []
     """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
+    boxes: bool = True
+    """Whether the test files carry object boxes. Without them the test arrays (the ROI protocol) are the served
+    input itself, so evaluate and optimize score them once."""
     framing: Literal["served", "roi"] = "roi"
     """How train and val were made: `served` = whole files less `crop` (what the server is sent), `roi` = the
     sign's box + roi_margin. The test arrays are always the ROI protocol (how papers report the demo data); the served

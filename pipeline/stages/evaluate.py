@@ -279,10 +279,16 @@ def run(params: Params) -> None:
         # FP32 tensors), and on the original files as the server decodes them (what the drift reference counts).
         originals = served_test_input(PREPARED_DIR, batch_size)
         counts = drift_counts(classes, originals or test, originals is not None)
-        roi, trained_roi = classify(test, shipped, trained_logits, batch_size, counts if originals is None else None)
-        served, trained = (None, trained_roi) if originals is None else classify(
-            originals, shipped, trained_logits, batch_size, counts
-        )  # fmt: skip
+        if originals is not None and not manifest.boxes:  # no boxes: the ROI arrays are the served input
+            served, trained = classify(originals, shipped, trained_logits, batch_size, counts)
+            roi, trained_roi = served, trained
+        else:
+            roi, trained_roi = classify(
+                test, shipped, trained_logits, batch_size, counts if originals is None else None
+            )
+            served, trained = (None, trained_roi) if originals is None else classify(
+                originals, shipped, trained_logits, batch_size, counts
+            )  # fmt: skip
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
         metrics = {
             "variant": shipped.variant,

@@ -201,6 +201,7 @@ def build_manifest(
     dataset: str = "",
     content_sha256: str = "",
     subject: prepared.DataSubject | None = None,
+    boxes: bool = True,
 ) -> PreparedManifest:
     mean, std = stats["train"].mean_std()
     return PreparedManifest(
@@ -216,6 +217,7 @@ def build_manifest(
         bad_images=BadImages(count=len(bad), of=total, files=[name for name, _ in bad]),
         content_sha256=content_sha256,
         test_files=test_file_names(test_originals),
+        boxes=boxes,
         framing=config.framing,
         crop=framing.crop,
         resize_mode=framing.resize,
@@ -430,6 +432,7 @@ def run(params: Params) -> None:
                 listing.dataset,
                 writer.content_sha256,
                 listing.subject,
+                boxes=any(f.box is not None for f in test_files),
             )
             writer.finish(manifest, kept["test"])
         manifest = prepared.read_manifest(PREPARED_DIR)

@@ -731,7 +731,7 @@ def _run_features(
         classes=len(manifest.classes), seconds=t.max_minutes * 60 or float("inf"),
         tail=features.TailSettings(t.lr * t.backbone_lr_factor, params.regularize.weight_decay,
                                    params.regularize.label_smoothing, t.epochs, seed=t.seed),
-        refit_on_val=True,  # the settings were chosen on validation; the head then learns from it too
+        refit_on_val=t.train_on_val,  # decided on validation, then the kept classifier learns from it too
     )  # fmt: skip
     wall = time.perf_counter()
     with stage_run("train", params, _tracked_params(params), system_metrics=True) as mlrun:
@@ -757,7 +757,7 @@ def _features_summary(
     seconds = outcome.feature_seconds + outcome.fit_seconds
     return {
         "val_accuracy": outcome.val_accuracy,
-        "validation": "held out",
+        "validation": "decided on, then trained on" if outcome.refit_on_val else "held out",
         "train_images": train_images,
         "train_loss": float("nan"),
         "epochs": outcome.tail_epochs,

@@ -261,3 +261,25 @@ def test_batchnorm_statistics_are_re_estimated_on_the_training_images() -> None:
         conv_out = model.net.features[0][0](model.normalize(to_float(images)))
     assert torch.allclose(first_bn.running_mean, conv_out.mean(dim=(0, 2, 3)), atol=1e-4)
     assert first_bn.momentum == pytest.approx(0.01) and not model.training  # restored
+
+
+def test_validation_and_the_kept_state_read_the_statistics_the_model_serves_with(project: Path) -> None:
+    """torchvision's MobileNetV3 keeps BatchNorm statistics with momentum 0.01: after two steps they are ~2 % of the
+    data's. With validation held out (the best epoch's state kept), the saved model's statistics are the data's own,
+    re-estimated before validation, so a kept state never carries near-initial statistics."""
+    from pipeline.data.loader import load_split, to_float
+
+    train.run(tiny_params("torchvision/mobilenet_v3_small", early_stopping_patience=3))
+    model, _ = model_file.read()
+    first = model.net.features[0][1]  # the stem's BatchNorm
+    images = load_split("train").images
+    seen: list[torch.Tensor] = []
+    hook = model.net.features[0][0].register_forward_hook(lambda m, i, o: seen.append(o.mean(dim=(0, 2, 3))))
+    with torch.no_grad():
+        model.eval()
+        model(to_float(images[torch.linspace(0, len(images) - 1, 64).long()]))
+    hook.remove()
+    data_mean = seen[0]
+    assert float(data_mean.abs().mean()) > 0.01  # the stem's outputs are not centred: there is something to track
+    ratio = float((first.running_mean * data_mean).sum() / (data_mean * data_mean).sum())
+    assert 0.8 < ratio < 1.2, ratio  # the data's statistics (momentum 0.01 alone would leave about 0.02)
