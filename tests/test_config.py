@@ -122,7 +122,8 @@ def test_one_key_picks_the_recipe_and_auto_follows_the_data(tmp_path: Path) -> N
     # photos move and scale by random-resized crops alone: no affine on top
     affine = photos.augment.rotation, photos.augment.translate, photos.augment.scale, photos.augment.shear
     assert affine == (0, 0, 0, 0)
-    assert photos.evaluate.min_accuracy == 0.0 and not photos.train.train_on_val
+    assert photos.evaluate.min_accuracy == 0.0 and photos.train.train_on_val  # decided on validation, then fitted on it
+    assert photos.train.from_pretrained == "features" and photos.model.weights == "auto"
     # A recipe of your own: a YAML file of params.yaml's sections.
     mine = tmp_path / "mine.yaml"
     mine.write_text("data:\n  image_size: 48\nmodel:\n  members: 3\n")
@@ -167,7 +168,9 @@ def test_pipeline_params_says_where_every_value_came_from(tmp_path: Path) -> Non
     shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "params"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
-    assert "memory_gb = 4.0" in shown.stdout and "model.name = 'timm/efficientnet_lite0'  (recipe photos)" in shown.stdout
+    assert (
+        "memory_gb = 4.0" in shown.stdout and "model.name = 'timm/efficientnet_lite0'  (recipe photos)" in shown.stdout
+    )
 
 
 def test_a_folder_run_carries_its_own_names(tmp_path: Path) -> None:

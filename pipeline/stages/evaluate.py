@@ -279,6 +279,7 @@ def run(params: Params) -> None:
         # FP32 tensors), and on the original files as the server decodes them (what the drift reference counts).
         originals = served_test_input(PREPARED_DIR, batch_size)
         counts = drift_counts(classes, originals or test, originals is not None)
+        served: np.ndarray | None
         if originals is not None and not manifest.boxes:  # no boxes: the ROI arrays are the served input
             served, trained = classify(originals, shipped, trained_logits, batch_size, counts)
             roi, trained_roi = served, trained

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +67,12 @@ class Cutter(Protocol):
 
 
 class _EfficientNetTrunk(nn.Module):
+    net: Any  # timm's EfficientNet: its stem and blocks are read by name
+    normalize: Any
+
     def __init__(self, model: nn.Module, blocks: int) -> None:
         super().__init__()
-        self.normalize, self.net, self.blocks = model.normalize, model.net, blocks  # type: ignore[union-attr]
+        self.normalize, self.net, self.blocks = model.normalize, model.net, blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         net = self.net
@@ -80,9 +83,11 @@ class _EfficientNetTrunk(nn.Module):
 
 
 class _EfficientNetTail(nn.Module):
+    net: Any
+
     def __init__(self, model: nn.Module, blocks: int) -> None:
         super().__init__()
-        self.net, self.blocks = model.net, blocks  # type: ignore[union-attr]
+        self.net, self.blocks = model.net, blocks
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         net = self.net
@@ -97,13 +102,13 @@ class _EfficientNetTail(nn.Module):
 def cut_timm_efficientnet(model: nn.Module, blocks: int) -> Cut | None:
     """timm's EfficientNet family (efficientnet_*, efficientnet_lite*, mnasnet, mobilenetv2): its last `blocks`
     stages of `net.blocks` and `conv_head` train; None for another network or `blocks` 0."""
-    net = getattr(model, "net", None)
+    net: Any = getattr(model, "net", None)
     if blocks < 1 or type(net).__name__ != "EfficientNet" or not hasattr(net, "conv_head"):
         return None
-    blocks = min(blocks, len(net.blocks))  # type: ignore[union-attr, arg-type]
+    blocks = min(blocks, len(net.blocks))
     tail = _EfficientNetTail(model, blocks)
-    classifier = net.get_classifier()  # type: ignore[union-attr, operator]
-    trained = (*net.blocks[len(net.blocks) - blocks :], net.conv_head, net.bn2, classifier)  # type: ignore[union-attr, index, arg-type]
+    classifier = net.get_classifier()
+    trained = (*net.blocks[len(net.blocks) - blocks :], net.conv_head, net.bn2, classifier)
     return Cut(_EfficientNetTrunk(model, blocks), tail, tail.pooled, classifier, blocks, trained)
 
 
@@ -211,6 +216,7 @@ def _onnx_runner(trunk: nn.Module, example: torch.Tensor) -> Callable[[torch.Ten
             trunk, (example.contiguous(),), dynamo=True, external_data=False, verbose=False,
             dynamic_shapes=({0: torch.export.Dim("batch")},),
         )  # fmt: skip
+    assert program is not None  # dynamo=True returns the program
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(program.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -292,7 +298,7 @@ def fit_linear(features: torch.Tensor, labels: torch.Tensor, classes: int, weigh
         loss.backward()
         return loss
 
-    optim.step(closure)  # type: ignore[arg-type]
+    optim.step(closure)
     return head
 
 
