@@ -1,7 +1,6 @@
 """models/weights.json: the weights train starts from, as the `weights` stage resolved them (the source, the file
-and its sha256, the input scaling they expect). A DVC dependency of train: the `weights` stage looks the file up at
-every run, so other weights (a new file, a package upgrade, a Hub that answers now) re-run train, and the same
-weights do not.
+and its sha256, the input scaling they expect). A DVC dependency of train: other weights (another file and
+`model.weights_sha256`, a package upgrade in uv.lock) re-run train, and the same weights do not.
 
 pydantic + stdlib only.
 """

@@ -1,10 +1,10 @@
-"""The weights stage: which file train will start from, looked up at every run (dvc.yaml: always_changed).
+"""The weights stage: which file train will start from, and its sha256.
 
-    model.name + model.weights --architectures.backbones--> models/weights.json (artifacts.initial_weights)
+    model.name + model.weights (+ uv.lock) --architectures.backbones--> models/weights.json (artifacts.initial_weights)
 
-Its record is train's dependency: when the file behind `model.weights` changes (another file at the same path, a
-package upgrade, `auto` finding weights it could not find before), its sha256 changes and train re-runs; the same
-file leaves train as it is. A missing file, another hash or a pickle that would run code is one line here.
+Its record is train's dependency. The stage re-runs when `model.*` or uv.lock change (a package upgrade); train
+re-runs only when the record changes, so another file re-trains and the same file does not. A file of yours is
+pinned by `model.weights_sha256`. A missing file, another hash or a pickle that would run code is one line here.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def make_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     that need real images say so: `real_sample_data`)."""
     work = tmp_path / "project"
     work.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):  # what a clone has
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "uv.lock"):  # what a clone has
         shutil.copy(REPO / name, work / name)
     shutil.copytree(REPO / "pipeline", work / "pipeline")  # with its bytecode (make test compiles it)
     images = write_synthetic_images(tmp_path / "raw")

@@ -161,26 +161,30 @@ def _recorded_weights(work: Path) -> str:
 
 @pytest.mark.slow
 def test_another_weights_file_changes_what_train_depends_on(tmp_path: Path) -> None:
-    """The weights stage looks the file up at every run (real DVC): the same file leaves its record, train's
-    dependency, as it was; another file at the same path changes it, so `dvc repro` re-runs train."""
+    """Real DVC: the weights stage's record is train's dependency. After it ran, DVC sees it up to date; a file of
+    yours replaced (with its new `model.weights_sha256`) changes the record, so `dvc repro` re-runs train."""
     work, env = make_project(tmp_path)
     weights = work / "weights.safetensors"
-    torch.manual_seed(0)
-    net = backbones.library_network("timm/resnet10t", 1000)
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(weights))
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["model"].update({"name": "timm/resnet10t", "weights": str(weights)})
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
+
+    def use(seed: int) -> None:
+        torch.manual_seed(seed)
+        net = backbones.library_network("timm/resnet10t", 1000)
+        save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(weights))
+        params = yaml.safe_load((work / "params.yaml").read_text())
+        params["model"].update(
+            {"name": "timm/resnet10t", "weights": str(weights), "weights_sha256": sha256_of(weights)}
+        )
+        (work / "params.yaml").write_text(yaml.safe_dump(params))
+
     dvc = [sys.executable, "-m", "dvc"]
     train_deps = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]["train"]["deps"]
     assert "models/weights.json" in train_deps
+    use(0)
     run([*dvc, "repro", "--single-item", "weights"], work, env)
     first = _recorded_weights(work)
-    run([*dvc, "repro", "--single-item", "weights"], work, env)  # the same file: the same record
-    assert _recorded_weights(work) == first
-    torch.manual_seed(1)
-    other = backbones.library_network("timm/resnet10t", 1000)
-    save_file({k: v.contiguous() for k, v in other.state_dict().items()}, str(weights))
+    assert "Data and pipelines are up to date" in run([*dvc, "status", "weights"], work, env)
+    use(1)
+    assert "weights" in run([*dvc, "status", "weights"], work, env)
     run([*dvc, "repro", "--single-item", "weights"], work, env)
     assert _recorded_weights(work) != first
     assert sha256_of(weights) in (work / "models/weights.json").read_text()
