@@ -197,12 +197,6 @@ WITHOUT_DEMO: list[tuple[str, str, str]] = [
     ("docs/getting-started.md", "`recipe: auto | gtsrb | photos | your.yaml`", "`recipe: auto | photos | your.yaml`"),
     (
         "docs/own-data.md",
-        "uv run dvc exp run -S data.source=folder -S data.root=<flowers>/train -S recipe=gtsrb -S evaluate.min_accuracy=0 \\\n"
-        "    -S containerize.skip_without_engine=true -S deploy.skip_without_engine=true               # the demo's recipe\n",
-        "",
-    ),
-    (
-        "docs/own-data.md",
         'uv run python -m benchmarks scale-folder --gtsrb "$GTSRB_ROOT" --out /data/scale --images 100000 --size 224\n',
         "",
     ),
