@@ -51,6 +51,20 @@ def is_known(name: str) -> bool:
     return name in ARCHITECTURES or PROJECT_FILE.match(name) is not None
 
 
+# The model.* keys a network of ours reads from its NetSpec, unless its module names fewer (`SETTINGS`).
+OWN_SETTINGS = ("width", "dropout", "input_norm")
+
+
+def settings_used(name: str) -> tuple[str, ...]:
+    """The model.* keys, besides `name`, that shape this network: what a card lists for it (a library network reads
+    its weights, not signnet's width or normalisation)."""
+    if not is_known(name):  # torchvision/<arch>, timm/<arch>: config admits nothing else
+        return ("weights", "weights_sha256")
+    module = ARCHITECTURES.get(name)
+    own = getattr(importlib.import_module(module), "SETTINGS", OWN_SETTINGS) if module else OWN_SETTINGS
+    return (*own, "members")
+
+
 def builder(name: str) -> Architecture:
     """The `build` function of a registered network or of a project file (a ValueError naming the choices)."""
     if name in ARCHITECTURES:

@@ -44,5 +44,8 @@ class TrafficSignNet(nn.Module):
         return self.classifier(self.features(self.normalize(x)))
 
 
+SETTINGS: tuple[str, ...] = ()  # fixed widths, no dropout, the data's mean/std: no model.* key but members
+
+
 def build(spec: NetSpec) -> nn.Module:
     return TrafficSignNet(spec.mean, spec.std, image_size=spec.image_size, num_classes=spec.num_classes)

@@ -39,6 +39,8 @@ class DataFacts(_Facts):
     unreadable_files: int
     framing: str
     crop: tuple[float, float, float, float]
+    boxes: bool = True
+    """Whether the test files carry object boxes: without them there is no ROI protocol to report."""
     subject: DataSubject | None = None
     """What the images show, when the data source says (intended use and limits)."""
 
@@ -96,7 +98,12 @@ class ShippedFacts(_Facts):
     p50_ms: float | None
     p99_ms: float | None
     speedup_vs_default_eager: float | None
-    """Throughput at batch 32 against PyTorch's default eager fp32 (oneDNN on, all threads), same run."""
+    """Throughput at batch 32 against PyTorch's default eager fp32 (oneDNN on, the better thread count): the median
+    of the benchmark's interleaved rounds when it timed them, else one pair of measurements."""
+    speedup_range: tuple[float, float] | None = None
+    """The lowest and highest ratio of those rounds."""
+    speedup_rounds: int = 0
+    """How many interleaved rounds the ratio is the median of (0: one pair of measurements)."""
     machine: str
     """The CPU kind the speed figures were measured on."""
 
@@ -108,8 +115,10 @@ class ModelCard(_Facts):
     """torchvision/timm networks: the weights training started from (source, file, sha256, licence)."""
     num_classes: int
     image_size: int
+    image_size_reason: str = ""
+    """Why the input side is not data.image_size (the time budget chose it); empty when it is."""
     recipe: dict[str, dict[str, object]]
-    """The params sections that made the model: model, train, augment, regularize."""
+    """The params sections that made the model: model (the keys its network reads), train, augment, regularize."""
     recipe_name: str = ""
     """The recipe under params.yaml's keys (a built-in one, or a file of yours)."""
     title: str = ""
@@ -235,7 +244,8 @@ def _model_details(card: ModelCard) -> list[str]:
         "## Model details",
         "",
         f"- Task: image classification into {card.num_classes} classes ({card.data.dataset}).",
-        f"- Network: `{card.architecture}`, {s.parameters:,} parameters, input {card.image_size}×{card.image_size} RGB.",
+        f"- Network: `{card.architecture}`, {s.parameters:,} parameters, input {card.image_size}×{card.image_size} RGB"
+        + (f": {card.image_size_reason}." if card.image_size_reason else "."),
         *([weights_line(card.initial_weights)] if card.initial_weights else []),
         *(
             [f"- Recipe: `{card.recipe_name}` (params.yaml's keys over it; `pipeline params` lists both)."]
@@ -298,8 +308,14 @@ def _training_data(card: ModelCard) -> list[str]:
         f"- {d.dataset}: {d.split_counts.get('train', 0):,} training, {d.split_counts.get('val', 0):,} validation, "
         f"{d.split_counts.get('test', 0):,} test images; {d.unreadable_files} unreadable files skipped.",
         f"- Validation: {d.validation}.",
-        f"- Train and validation images framed as `{d.framing}` "
-        "(`served`: whole files less the served crop; `roi`: the annotated box plus a margin).",
+        *(
+            [
+                f"- Train and validation images framed as `{d.framing}` "
+                "(`served`: whole files less the served crop; `roi`: the annotated box plus a margin)."
+            ]
+            if d.boxes
+            else []
+        ),
         f"- Class balance: {min(d.train_per_class):,} to {max(d.train_per_class):,} training images per class.",
         f"- Prepared data checksum: `{d.content_sha256}`.",
         "",
@@ -322,12 +338,17 @@ def _evaluation(card: ModelCard) -> list[str]:
         f"- **Served accuracy {_pct(e.accuracy)}** (95 % CI {_pct(lo)} to {_pct(hi)}) of {e.model} on "
         f"{e.images:,} test images ({e.measured_on}: the files as users send them, through the server's "
         f"preprocessing); {_count(e.errors, 'error')}, macro F1 {e.macro_f1:.4f}.",
-        f"- ROI protocol (the annotated box plus margin, how papers report {card.data.dataset}): {_pct(e.roi_accuracy)}.",
     ]
+    if card.data.boxes:
+        lines.append(
+            f"- ROI protocol (the annotated box plus margin, how papers report {card.data.dataset}): "
+            f"{_pct(e.roi_accuracy)}."
+        )
     if e.trained_accuracy is not None:
+        roi = f", ROI {_pct(e.trained_roi_accuracy)}" if card.data.boxes else ""
         lines.append(
             f"- The trained model before optimisation (same inputs): {_pct(e.trained_accuracy)} served "
-            f"({_count(e.trained_errors or 0, 'error')}), ROI {_pct(e.trained_roi_accuracy)}; `{s.variant}` is "
+            f"({_count(e.trained_errors or 0, 'error')}){roi}; `{s.variant}` is "
             f"{abs(s.accuracy_drop_points):.2f} points {'below' if s.accuracy_drop_points >= 0 else 'above'} it on "
             "optimize's gate (the held-out files as served)."
         )
@@ -355,6 +376,18 @@ def _evaluation(card: ModelCard) -> list[str]:
     return lines
 
 
+def _speedup(s: ShippedFacts) -> str:
+    if not s.speedup_vs_default_eager:
+        return ""
+    if s.speedup_range and s.speedup_rounds:
+        low, high = s.speedup_range
+        return (
+            f"; {s.speedup_vs_default_eager:.2f}× PyTorch's default eager fp32, the median of {s.speedup_rounds} "
+            f"rounds timed alternately (range {low:.2f}-{high:.2f}×)"
+        )
+    return f"; {s.speedup_vs_default_eager:.2f}× PyTorch's default eager fp32 in one pair of measurements"
+
+
 def _speed(card: ModelCard) -> list[str]:
     s = card.shipped
     speed = (
@@ -366,11 +399,7 @@ def _speed(card: ModelCard) -> list[str]:
         "## Optimisation and speed",
         "",
         f"- `{s.variant}` on {s.backend}: {speed}"
-        + (
-            f"; {s.speedup_vs_default_eager:.1f}× PyTorch's default eager fp32 in the same run"
-            if s.speedup_vs_default_eager
-            else ""
-        )
+        + _speedup(s)
         + f" (measured on {s.machine}).",
         "",
     ]

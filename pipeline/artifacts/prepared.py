@@ -157,6 +157,9 @@ class PreparedManifest(_Record):
     """SHA-256 of every split's images and labels: what a checkpoint or a model was made from."""
     test_files: list[str] = []
     """The test split's original files under data/prepared/ (test_files/NAME), one per test image, in order."""
+    image_size_reason: str = ""
+    """Why `image_size` differs from data.image_size, when the time budget chose it (data.min_image_size); empty
+    when it is data.image_size as written."""
     boxes: bool = True
     """Whether the test files carry object boxes. Without them the test arrays (the ROI protocol) are the served
     input itself, so evaluate and optimize score them once."""

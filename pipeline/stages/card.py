@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from pipeline import architectures
 from pipeline.artifacts import MODELS_DIR, benchmark_report, model_card
 from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import predictions as predictions_file
@@ -94,11 +95,12 @@ def build(
         initial_weights=manifest.initial_weights,
         num_classes=manifest.num_classes,
         image_size=manifest.image_size,
-        recipe={s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")},
+        image_size_reason=prepared.image_size_reason,
+        recipe=_recipe(params),
         recipe_name=params.recipe,
         title=params.serve.title,
         gate=_gate(),
-        data=_data_facts(prepared, params.train.train_on_val),
+        data=_data_facts(prepared, params.train.train_on_val, params.name),
         evaluation=model_card.EvaluationFacts(
             model=f"the shipped variant `{variant.name}`",
             measured_on=evaluation.measured_on,
@@ -187,9 +189,18 @@ def _class_results(
     return per_class, [by_id[w["class_id"]] for w in figures["worst_classes"] if w["class_id"] in by_id]
 
 
-def _data_facts(prepared: PreparedManifest, trained_on_val: bool) -> model_card.DataFacts:
+def _recipe(params: Params) -> dict[str, dict[str, object]]:
+    """The sections that made the model; of `model`, only the keys its network reads (a timm network has no width)."""
+    sections = {s: getattr(params, s).model_dump(mode="json") for s in ("model", "train", "augment", "regularize")}
+    used = {"name", *architectures.settings_used(params.model.name)}
+    sections["model"] = {k: v for k, v in sections["model"].items() if k in used}
+    return sections
+
+
+def _data_facts(prepared: PreparedManifest, trained_on_val: bool, name: str) -> model_card.DataFacts:
+    # `name` is what the run is called (a photo folder's parent, not the "train" folder prepare read)
     return model_card.DataFacts(
-        dataset=prepared.dataset,
+        dataset=name,
         classes=prepared.classes,
         split_counts={name: split.count for name, split in prepared.splits.items()},
         train_per_class=prepared.splits["train"].per_class,
@@ -198,6 +209,7 @@ def _data_facts(prepared: PreparedManifest, trained_on_val: bool) -> model_card.
         unreadable_files=prepared.bad_images.count,
         framing=prepared.framing,
         crop=prepared.crop,
+        boxes=prepared.boxes,
         subject=prepared.subject,
     )
 
@@ -260,8 +272,11 @@ def _shipped(
     benchmarked = choice.variant == variant.name
     m = choice.metrics if benchmarked else {}
     default = benchmark_report.default_eager(report.get("results", []))
+    rounds = report.get("headline") if benchmarked else None
     speedup = (
-        round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
+        round(rounds["median"], 2)
+        if rounds
+        else round(m["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
         if default and "throughput_b32" in m
         else None
     )
@@ -282,6 +297,8 @@ def _shipped(
         p50_ms=m.get("p50_ms"),
         p99_ms=m.get("p99_ms"),
         speedup_vs_default_eager=speedup,
+        speedup_range=(round(rounds["low"], 2), round(rounds["high"], 2)) if rounds else None,
+        speedup_rounds=int(rounds["rounds"]) if rounds else 0,
         machine=f"{machine.get('cpu', 'unknown CPU')} ({machine.get('architecture', '?')}, {isa}, "
         f"{machine.get('usable_cores', machine.get('cores', '?'))} cores)",
     )

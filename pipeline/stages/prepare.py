@@ -202,6 +202,7 @@ def build_manifest(
     content_sha256: str = "",
     subject: prepared.DataSubject | None = None,
     boxes: bool = True,
+    image_size_reason: str = "",
 ) -> PreparedManifest:
     mean, std = stats["train"].mean_std()
     return PreparedManifest(
@@ -218,6 +219,7 @@ def build_manifest(
         content_sha256=content_sha256,
         test_files=test_file_names(test_originals),
         boxes=boxes,
+        image_size_reason=image_size_reason,
         framing=config.framing,
         crop=framing.crop,
         resize_mode=framing.resize,
@@ -256,17 +258,18 @@ def pretrained_weights(params: Params) -> str:
     return info.file if info.source not in ("none", "random") else ""
 
 
-def image_size(params: Params, train_images: int, val_images: int, classes: int) -> int:
+def image_size(params: Params, train_images: int, val_images: int, classes: int) -> tuple[int, str]:
     """data.image_size, or with data.min_image_size and train.max_minutes the largest side whose training fits the
-    budget on this machine (pipeline/training/pace.py), said in the log."""
+    budget on this machine (pipeline/training/pace.py): the side, and why when it is not data.image_size (the log
+    and the card say it)."""
     d, t = params.data, params.train
     if not (d.min_image_size and t.max_minutes) or d.min_image_size >= d.image_size:
-        return d.image_size
+        return d.image_size, ""
     weights = pretrained_weights(params)
     if weights:  # they learn in a few epochs, at the side they were made for: the budget then plans the epochs
         log(f"prepare: image size {d.image_size} px: {params.model.name} starts from pretrained weights ({weights}); "
             "data.min_image_size is for random weights, which need every epoch")  # fmt: skip
-        return d.image_size
+        return d.image_size, ""
     import torch  # the network's own step is timed: only when the side is chosen
 
     from pipeline.architectures import nets
@@ -304,7 +307,7 @@ def image_size(params: Params, train_images: int, val_images: int, classes: int)
         else f"the smallest: at no side {sides} do {budget}, so train.max_minutes plans the epochs that fit"
     )
     log(f"prepare: image size {side} px, {verdict} ({params.model.name} trains at {paces})")
-    return side
+    return side, "" if side == d.image_size else f"{verdict} ({paces})"
 
 
 def test_file_names(paths: Sequence[Path]) -> list[str]:
@@ -381,7 +384,7 @@ def run(params: Params) -> None:
         for name, why in dropped[:20]:
             log(f"prepare: left out {name}: {why}")
         crop = served_crop(fit, config)
-        side = image_size(params, len(fit), len(val), len(listing.classes))
+        side, side_reason = image_size(params, len(fit), len(val), len(listing.classes))
         framing = Framing(
             side, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode
         )
@@ -433,6 +436,7 @@ def run(params: Params) -> None:
                 writer.content_sha256,
                 listing.subject,
                 boxes=any(f.box is not None for f in test_files),
+                image_size_reason=side_reason,
             )
             writer.finish(manifest, kept["test"])
         manifest = prepared.read_manifest(PREPARED_DIR)

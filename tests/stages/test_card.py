@@ -85,7 +85,13 @@ def test_card_figures_equal_the_reports_they_come_from(benchmarked_project: Path
         if r["status"] == "ok" and (r["setup"]["variant"], r["setup"]["backend"], r["setup"]["setting"],
                                     r["setup"]["threads"]) == ("fp32", "torch-eager", "onednn-on", 0)
     )  # fmt: skip
-    assert s["speedup_vs_default_eager"] == round(s["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
+    rounds = report.get("headline")
+    if rounds:  # the median of the interleaved rounds, with their range: the benchmark's own figure
+        assert s["speedup_vs_default_eager"] == round(rounds["median"], 2)
+        assert s["speedup_range"] == [round(rounds["low"], 2), round(rounds["high"], 2)]
+        assert f"{s['speedup_vs_default_eager']:.2f}× PyTorch's default eager fp32, the median of" in text
+    else:
+        assert s["speedup_vs_default_eager"] == round(s["throughput_b32"] / default["metrics"]["throughput_b32"], 2)
     assert report["machine"]["cpu"] in s["machine"]
 
     d = facts["data"]
@@ -219,3 +225,28 @@ def test_the_card_says_what_the_images_show_when_the_data_source_does(benchmarke
     plain = model_card.render(card)
     assert "Classify a photo of one" not in plain and "other countries" not in plain
     assert f"into one of the {card.num_classes} classes of `{card.data.dataset}`" in plain
+
+
+def test_a_card_of_data_without_boxes_has_no_roi_figures(benchmarked_project: Path) -> None:
+    """Photos come without object boxes: the ROI protocol is the served input itself, so the card names neither
+    a ROI figure nor a framing; data with boxes keeps both."""
+    facts = model_card.read(benchmarked_project / "reports" / model_card.FACTS_PATH.name)
+    with_boxes = model_card.render(facts.model_copy(update={"data": facts.data.model_copy(update={"boxes": True})}))
+    assert "ROI protocol" in with_boxes and "framed as" in with_boxes and ", ROI " in with_boxes
+    photos = model_card.render(facts.model_copy(update={"data": facts.data.model_copy(update={"boxes": False})}))
+    assert "ROI" not in photos and "framed as" not in photos and "annotated box" not in photos
+    assert "**Served accuracy" in photos
+
+
+def test_the_card_lists_only_the_settings_of_the_network_in_use(benchmarked_project: Path) -> None:
+    """signnet reads width, dropout, input_norm and members; a timm network reads its weights and nothing of
+    signnet's; the data is named by `name` (a photo folder's parent), not by the folder prepare read."""
+    params = load_params(benchmarked_project / "params.yaml")
+    ours = card._recipe(params)["model"]
+    assert {"width", "dropout", "input_norm", "members"} <= set(ours)
+    timm = params.model_copy(update={"model": params.model.model_copy(update={"name": "timm/efficientnet_lite0"})})
+    assert set(card._recipe(timm)["model"]) == {"name", "weights", "weights_sha256"}
+    arm = params.model_copy(update={"model": params.model.model_copy(update={"name": "trafficsignnet"})})
+    assert set(card._recipe(arm)["model"]) == {"name", "members"}
+    facts = model_card.read(benchmarked_project / "reports" / model_card.FACTS_PATH.name)
+    assert facts.data.dataset == params.name

@@ -208,7 +208,10 @@ def test_min_image_size_prepares_the_largest_side_whose_epochs_fit_the_time_budg
         "train.epochs=3 fit in train.max_minutes=600 here (signnet trains at 32 px"
         in capsys.readouterr().err.replace("\n", " ")
     )
+    assert read_manifest(Path("data/prepared")).image_size_reason == ""  # data.image_size as written: no reason
     assert prepared_at(1e-6) == 16  # nothing fits in a few microseconds: the smallest, timed first, and no larger side
+    # the manifest keeps why (the model card's network line says it)
+    assert read_manifest(Path("data/prepared")).image_size_reason.startswith("the smallest: at no side from")
     said = capsys.readouterr().err.replace("\n", " ")
     assert "image size 16 px, the smallest: at no side from data.image_size 32 down to data.min_image_size 16" in said
     paces = said.split("signnet trains at")[1]
