@@ -398,8 +398,6 @@ def _speed(card: ModelCard) -> list[str]:
     return [
         "## Optimisation and speed",
         "",
-        f"- `{s.variant}` on {s.backend}: {speed}"
-        + _speedup(s)
-        + f" (measured on {s.machine}).",
+        f"- `{s.variant}` on {s.backend}: {speed}" + _speedup(s) + f" (measured on {s.machine}).",
         "",
     ]
