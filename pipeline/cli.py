@@ -267,6 +267,9 @@ def serve(
     backend: str | None = typer.Option(None, help="Override serve.backend."),
     max_batch_size: int | None = typer.Option(None, help="Override serve.max_batch_size (1 = no batching)."),
     threads: int | None = typer.Option(None, help="Override serve.threads (e.g. the pod's CPU limit)."),
+    champion: bool = typer.Option(
+        False, "--champion", help="Serve the model registry's champion (downloaded, checked by sha256), not models/."
+    ),
 ) -> None:
     """Serve the chosen model over HTTP (Open Inference Protocol v2 and /v1/predict), and gRPC (OIP v2) if asked."""
     overrides: dict[str, object] = {
@@ -277,6 +280,7 @@ def serve(
         "backend": backend,
         "max_batch_size": max_batch_size,
         "threads": threads,
+        "champion": champion or None,
     }
     _run_stage("pipeline.serve.main", params, overrides)
 

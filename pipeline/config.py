@@ -378,6 +378,9 @@ class ServeConfig(Section):
     require_gate: bool = True
     """Serve only a variant that evaluate's quality gate passed (reports/evaluate/gate.json names its file);
     false: serve any variant, with a warning (development)."""
+    champion: bool = False
+    """Serve the model registry's `champion` (`pipeline serve --champion`) instead of models/: its file is downloaded
+    and checked by the sha256 its version is tagged with; the log and `/v2/models/<name>` name the version."""
     backend: str = "auto"
     """Runtime for the variant (e.g. onnxruntime, torch-eager, torch-compile); `auto` picks per format."""
     workers: int = Field(1, ge=1, le=64)

@@ -50,6 +50,10 @@ class Gate(BaseModel):
     checks: list[GateCheck] = Field(default_factory=list)
     champion: Champion | None = None
     """The champion it was compared with; None on a first run (or with evaluate.champion off)."""
+    promoted_version: str = ""
+    """The registry version the `champion` alias was moved to once this gate passed; empty when it was not."""
+    not_promoted: str = ""
+    """Why a passed gate left `champion` where it was (a pull request, a sweep, evaluate.promote never)."""
 
     def failures(self) -> str:
         return "; ".join(c.detail for c in self.checks if not c.passed)

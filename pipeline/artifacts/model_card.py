@@ -142,6 +142,10 @@ def gate_lines(gate: dict[str, Any] | None) -> list[str]:
     lines += [
         f"  - {c['name']}: {'passed' if c['passed'] else 'FAILED'}, {c['detail']}" for c in gate.get("checks", [])
     ]
+    if gate.get("promoted_version"):
+        lines.append(f"  - promoted: registry version {gate['promoted_version']} is now the `champion`")
+    elif gate.get("passed") and gate.get("not_promoted"):
+        lines.append(f"  - not promoted: the `champion` stays where it was ({gate['not_promoted']})")
     champion = gate.get("champion")
     if champion:
         lines.append(
@@ -198,13 +202,14 @@ def read(path: Path = FACTS_PATH) -> ModelCard:
     return read_model(path, ModelCard, RERUN, "model card")
 
 
-def read_markdown_for(variant: str, reports_dir: Path = REPORTS_DIR) -> str | None:
-    """The card's Markdown when there is a card and it describes `variant`; None otherwise (a card of another
-    variant is worse than none)."""
+def read_markdown_for(variant: str, reports_dir: Path = REPORTS_DIR, sha256: str = "") -> str | None:
+    """The card's Markdown when there is a card and it describes `variant` (that file, when `sha256` is given);
+    None otherwise (a card of another variant is worse than none)."""
     facts, card = Path(reports_dir) / FACTS_PATH.name, Path(reports_dir) / CARD_PATH.name
     if not (facts.is_file() and card.is_file()):
         return None
-    if read(facts).shipped.variant != variant:
+    shipped = read(facts).shipped
+    if shipped.variant != variant or (sha256 and shipped.sha256 != sha256):
         return None
     return card.read_text()
 

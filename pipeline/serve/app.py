@@ -443,6 +443,7 @@ class Inference:
             ],
             "parameters": {
                 "variant": model.variant,
+                **({"registry": model.registry.as_dict()} if model.registry else {}),
                 "input_range": [0.0, 1.0],
                 "also_accepts": "a BYTES input [N] of encoded image files",
                 # How a file becomes the FP32 input: clients that send tensors must frame images the same way.

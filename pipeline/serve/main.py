@@ -14,6 +14,7 @@ gRPC (`serve.grpc_port`) is served by every worker on the same port with SO_REUS
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -24,17 +25,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.artifacts import MODELS_DIR
 from pipeline.config import Params, parse_params
 from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.machine.ports import ensure_free
+from pipeline.serve.champion import RegistryVersion
 
 # Set by the supervisor for its workers: the inherited listening socket and the params they serve.
 WORKER_FD_ENV = "PIPELINE_SERVE_SOCKET_FD"
 WORKER_PARAMS_ENV = "PIPELINE_SERVE_PARAMS"
 WORKER_INDEX_ENV = "PIPELINE_SERVE_WORKER"
+WORKER_SOURCE_ENV = "PIPELINE_SERVE_SOURCE"  # the models folder and its registry version, as JSON
 
 
 def run(params: Params) -> None:
@@ -44,30 +49,59 @@ def run(params: Params) -> None:
         if config.grpc_port == config.port:
             raise StageError(f"serve.grpc_port {config.grpc_port} is serve.port as well: give gRPC a port of its own")
         ensure_free(config.host, config.grpc_port, "serve.grpc_port (or --grpc-port)")
-    check_gate(params)
+    params, source = model_source(params)
     if config.workers > 1:
-        supervise(params)
+        supervise(params, source)
     else:
-        serve_one(params, None)
+        serve_one(params, None, source=source)
 
 
-def check_gate(params: Params) -> None:
-    """Serve only a variant evaluate's gate passed (serve.require_gate); otherwise a StageError naming why."""
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the served files are, and which registered version they are (when the registry says)."""
+
+    models_dir: Path = MODELS_DIR
+    registry: RegistryVersion | None = None
+
+
+def model_source(params: Params) -> tuple[Params, ModelSource]:
+    """models/, once evaluate's gate passed its variant; or with serve.champion (--champion) the registry's
+    champion, downloaded and checked by its sha256 (its gate passed when it was promoted)."""
+    from pipeline.serve import champion
+
+    if params.serve.champion:
+        folder, variant, registry = champion.download_champion(params)
+        log(f"serve: {registry.describe()}: {variant}, downloaded and checked by its sha256")
+        chosen = params.serve.model_copy(update={"variant": variant, "backend": "auto"})
+        return params.model_copy(update={"serve": chosen}), ModelSource(folder, registry)
+    sha256 = check_gate(params)
+    return params, ModelSource(MODELS_DIR, champion.registered_as(params, sha256) if sha256 else None)
+
+
+def check_gate(params: Params) -> str:
+    """Serve only a variant evaluate's gate passed (serve.require_gate); otherwise a StageError naming why. The
+    served file's sha256 ("" without models/)."""
     from pipeline.artifacts import gate as gate_file
     from pipeline.runtimes import read_manifest
     from pipeline.serve.model import MANIFEST_NAME, choose_variant
 
     if not (MODELS_DIR / MANIFEST_NAME).is_file():
-        return  # load_served_model says what is missing
+        return ""  # load_served_model says what is missing
     variant, _ = choose_variant(MODELS_DIR, params.serve)
     sha256 = read_manifest(MODELS_DIR).variant(variant).sha256
     if params.serve.require_gate:
-        gate_file.require_passed(variant, sha256)
+        try:
+            gate_file.require_passed(variant, sha256)
+        except StageError as exc:
+            raise StageError(f"{exc}. `pipeline serve --champion` serves the registry's champion instead") from None
     else:
         log(f"WARNING serve: {variant} is served without checking evaluate's gate (serve.require_gate: false)")
+    return sha256
 
 
-def serve_one(params: Params, sock: socket.socket | None, worker: int | None = None) -> None:
+def serve_one(
+    params: Params, sock: socket.socket | None, worker: int | None = None, source: ModelSource | None = None
+) -> None:
     import gc
     import logging
 
@@ -77,13 +111,14 @@ def serve_one(params: Params, sock: socket.socket | None, worker: int | None = N
     from pipeline.serve.connection import GuardedHttpProtocol
     from pipeline.serve.model import load_served_model
 
-    config = params.serve
-    model = load_served_model(MODELS_DIR, config)
+    config, source = params.serve, source or ModelSource()
+    model = dataclasses.replace(load_served_model(source.models_dir, config), registry=source.registry)
     grpc_note = f", gRPC {config.host}:{config.grpc_port}" if config.grpc_port else ""
     who = f"serve (worker {worker}, pid {os.getpid()})" if worker is not None else "serve"
+    registered = source.registry.describe() if source.registry else "not found in a registry here"
     log(
-        f"{who}: {model.variant} on {model.backend} ({model.threads} threads), version {model.version}, "
-        f"http://{config.host}:{config.port}{grpc_note}"
+        f"{who}: {model.variant} on {model.backend} ({model.threads} threads), version {model.version} "
+        f"({registered}), http://{config.host}:{config.port}{grpc_note}"
     )
     if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
         access = logging.getLogger("pipeline.access")
@@ -131,10 +166,12 @@ def worker_main() -> None:
     """A worker process of `supervise`: the inherited socket, the supervisor's params."""
     params = parse_params(json.loads(os.environ[WORKER_PARAMS_ENV]))
     sock = socket.socket(fileno=int(os.environ[WORKER_FD_ENV]))
-    serve_one(params, sock, int(os.environ[WORKER_INDEX_ENV]))
+    given = json.loads(os.environ[WORKER_SOURCE_ENV])
+    registry = RegistryVersion(**given["registry"]) if given["registry"] else None
+    serve_one(params, sock, int(os.environ[WORKER_INDEX_ENV]), ModelSource(Path(given["models_dir"]), registry))
 
 
-def supervise(params: Params) -> None:
+def supervise(params: Params, source: ModelSource) -> None:
     config = params.serve
     sock = socket.create_server((config.host, config.port), backlog=2048)
     sock.set_inheritable(True)
@@ -148,6 +185,9 @@ def supervise(params: Params) -> None:
         "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
         WORKER_FD_ENV: str(sock.fileno()),
         WORKER_PARAMS_ENV: json.dumps(params.model_dump(mode="json")),
+        WORKER_SOURCE_ENV: json.dumps(
+            {"models_dir": str(source.models_dir), "registry": source.registry and source.registry.as_dict()}
+        ),
     }
     log(f"serve: {config.workers} workers on http://{config.host}:{config.port} (metrics in {metrics_dir})")
     code = [sys.executable, "-c", "from pipeline.serve.main import worker_main; worker_main()"]

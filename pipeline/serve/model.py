@@ -17,6 +17,7 @@ from pipeline.config import ServeConfig
 from pipeline.errors import StageError
 from pipeline.images.preprocess import Framing
 from pipeline.machine import usable_cpus
+from pipeline.serve.champion import RegistryVersion
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class ServedModel:
     """The model card (Markdown) when one describes this variant: /v1/model-card."""
     drift_reference: DriftReference | None = None
     """The drift signals counted on the test files with this variant (evaluate): /v1/drift-reference."""
+    registry: RegistryVersion | None = None
+    """The registered version this file is, when the registry is there to say (`/v2/models/<name>`, the log)."""
 
     @property
     def image_size(self) -> int:
@@ -84,7 +87,7 @@ def load_served_model(models_dir: Path, config: ServeConfig) -> ServedModel:
         version=variant.sha256[:12],
         predict_logits=runtime.predict,
         threads=threads,
-        card=model_card.read_markdown_for(variant_name),
+        card=model_card.read_markdown_for(variant_name, sha256=variant.sha256),
         drift_reference=current_reference(variant_name, variant.sha256[:12]),
     )
 

@@ -317,7 +317,7 @@ def run(params: Params) -> None:
         gate = quality_gate(params, metrics, shipped_sha256, champion)
         _record_gate(mlrun, gate, champion)
         if gate.passed:
-            _promote(params, mlrun, shipped.variant, shipped_sha256)
+            gate = _promote(params, mlrun, gate)
     if not gate.passed:
         raise StageError(
             f"quality gate failed, {shipped.variant} is not served: {gate.failures()} (see {gate_file.GATE_PATH})"
@@ -388,14 +388,21 @@ def _record_gate(mlrun: Any, gate: Any, champion: Any) -> None:
         console.log(f"evaluate: gate {check.name} {'passed' if check.passed else 'FAILED'}: {check.detail}")
 
 
-def _promote(params: Params, mlrun: Any, variant: str, sha256: str) -> None:
-    """A passed gate moves the registry's champion where evaluate.promote allows it (the default branch)."""
+def _promote(params: Params, mlrun: Any, gate: gate_file.Gate) -> gate_file.Gate:
+    """A passed gate moves the registry's champion where evaluate.promote allows it (the default branch); the gate
+    record then says which version it moved to, or why not (the model card shows it)."""
     from pipeline.tracking import set_champion, why_not_promote
 
     reason = why_not_promote(params.evaluate.promote)
-    version = None if reason else set_champion(params, variant, sha256)
+    version = None if reason else set_champion(params, gate.variant, gate.sha256)
+    name = params.tracking.registered_model_name
     if reason:
         console.log(f"evaluate: the champion stays where it is ({reason}); `pipeline promote` moves it")
     elif version:
-        console.log(f"evaluate: registry version {version} ({variant}) is now the champion")
+        console.log(f"evaluate: registry version {version} of {name} ({gate.variant}) is now the champion")
+    else:
+        reason = "no registry (tracking.enabled false) or no registered version of this file"
     mlrun.set_tags({"promoted": version or "no"})
+    promoted = gate.model_copy(update={"promoted_version": version or "", "not_promoted": reason})
+    gate_file.write(promoted)
+    return promoted

@@ -84,11 +84,11 @@ def start_server(
     return _ready(process, port, models_dir, int(params["serve"]["max_body_bytes"]))
 
 
-def serve_project(project: Path, env: dict[str, str]) -> Server:
+def serve_project(project: Path, env: dict[str, str], *options: str) -> Server:
     """`pipeline serve` in `project` itself: its own params.yaml (names, serve settings) and, with `env`'s PYTHONPATH,
-    its own package (a generated project), on a free port."""
+    its own package (a generated project), on a free port, with further command-line `options`."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)], cwd=project,
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port), *options], cwd=project,
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     params = yaml.safe_load((project / "params.yaml").read_text())
     return _ready(process, port, project / "models", int(params["serve"]["max_body_bytes"]))

@@ -216,7 +216,10 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
         pull_request.setenv("GITHUB_ACTIONS", "true")
         pull_request.setenv("GITHUB_EVENT_NAME", "pull_request")
         evaluate.run(params)
-    assert json.loads((project / "reports/evaluate/gate.json").read_text())["passed"]
+    compared = json.loads((project / "reports/evaluate/gate.json").read_text())
+    assert (
+        compared["passed"] and compared["not_promoted"] == "a pull request's run" and not compared["promoted_version"]
+    )
     assert client.get_registered_model("shop-classifier").aliases == {}
 
     evaluate.run(params)  # the first run on the default branch: nothing to compare with but the trained model
@@ -225,6 +228,7 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
     assert [c["name"] for c in first["checks"]] == ["trained"]
     champion = client.get_model_version_by_alias("shop-classifier", "champion")
     assert champion.tags["sha256"] == first["sha256"]
+    assert first["promoted_version"] == str(champion.version)  # the card says so (model_card.gate_lines)
 
     worse = _make_worse(project)
     with pytest.raises(StageError, match=r"quality gate failed, .* is not served: .*against the champion's") as failed:
@@ -244,6 +248,8 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
         cwd=project, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert served.returncode == 2 and "failed evaluate's quality gate" in served.stderr, served.stderr
+    assert "`pipeline serve --champion`" in served.stderr  # the refusal names the way to serve the champion
+    _the_champion_is_served(project, first, str(champion.version))
     with pytest.raises(StageError, match="failed evaluate's quality gate"):
         containerize.run(params)
     # Promoting by hand: never what the gate failed.
@@ -251,3 +257,28 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
         [sys.executable, "-m", "pipeline.cli", "promote"], cwd=project, capture_output=True, text=True, timeout=120
     )
     assert promoted.returncode == 2 and "nothing to promote" in promoted.stderr, promoted.stderr
+
+
+def _the_champion_is_served(project: Path, first: dict, version: str) -> None:
+    """`pipeline serve --champion` downloads the registry's champion, checks its file by sha256, serves it, and says
+    which registry version it is; its answers are the champion's (the first run's predictions)."""
+    import os
+
+    from pipeline.artifacts.prepared import read_test_files
+    from tests.helpers.server import serve_project
+
+    server = serve_project(project, dict(os.environ), "--champion")
+    try:
+        meta = httpx.get(f"{server.url}/v2/models/shop", timeout=10).json()
+        assert meta["parameters"]["registry"] == {"name": "shop-classifier", "version": version, "champion": True}
+        assert meta["versions"] == [first["sha256"][:12]]  # the champion's file, not models/' worse one
+        files = read_test_files(project / "data" / "prepared")[:8]
+        answers = [
+            httpx.post(f"{server.url}/v1/predict", files={"file": f.path.read_bytes()}, timeout=30).json()
+            for f in files
+        ]
+        assert all(a["model"]["version"] == first["sha256"][:12] for a in answers), answers[0]
+    finally:
+        server.stop()
+    said = server.process.stderr.read().decode() if server.process.stderr else ""
+    assert f"registry version {version} of shop-classifier (the champion)" in said, said

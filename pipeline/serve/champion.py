@@ -1,0 +1,107 @@
+"""Which registry version the server runs: `pipeline serve --champion` downloads the registry's `champion` (the
+variant file and its manifest, as optimize registered them) and checks the file by the sha256 the version is tagged
+with; serving models/ looks its file up among the registered versions, so the log and `/v2/models/<name>` say
+which version runs and whether it is the champion.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.artifacts.checksum import sha256_of
+from pipeline.artifacts.variants import MANIFEST_NAME
+from pipeline.config import Params
+from pipeline.errors import StageError
+
+
+@dataclass(frozen=True)
+class RegistryVersion:
+    """A registered model version, as the server reports it."""
+
+    name: str
+    """The registered model (tracking.registered_model_name)."""
+    version: str
+    """Its version number in the registry."""
+    champion: bool
+    """Whether the registry's `champion` alias points at it."""
+
+    def describe(self) -> str:
+        return f"registry version {self.version} of {self.name}" + (" (the champion)" if self.champion else "")
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def download_champion(params: Params) -> tuple[Path, str, RegistryVersion]:
+    """The champion's models folder (manifest + its one variant file) in a fresh temporary folder, the variant's
+    name and its registry version; a StageError when there is no registry, no champion, or a file that is not the
+    one the version names."""
+    import mlflow
+
+    from pipeline.runtimes import read_manifest
+    from pipeline.tracking import champion_version, quiet_mlflow_logging, tracking_uri
+
+    name = params.tracking.registered_model_name
+    if not params.tracking.enabled:
+        raise StageError("--champion needs the model registry, and tracking.enabled is false")
+    version = champion_version(params)
+    if version is None:
+        raise StageError(
+            f"{name} has no `champion` in the registry at {tracking_uri(params.tracking)}: a run whose gate passes "
+            "promotes one (evaluate.promote), or `pipeline promote --version N`; MLFLOW_TRACKING_URI names a team's"
+        )
+    variant, sha256 = version.tags.get("variant", ""), version.tags.get("sha256", "")
+    target = Path(tempfile.mkdtemp(prefix="pipeline-champion-"))
+    try:
+        with quiet_mlflow_logging():
+            folder = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{name}/{version.version}",
+                dst_path=str(target),
+                tracking_uri=tracking_uri(params.tracking),
+            )
+    except mlflow.exceptions.MlflowException as exc:
+        raise StageError(f"the champion ({name} version {version.version}) cannot be downloaded: {exc}") from None
+    models = Path(folder) / "artifacts" / "models"
+    if not (models / MANIFEST_NAME).is_file():
+        raise StageError(f"{name} version {version.version} holds no models/{MANIFEST_NAME}: not a pipeline model")
+    shipped = read_manifest(models).variant(variant)
+    actual = sha256_of(models / shipped.file)
+    if not sha256 or actual != sha256 or shipped.sha256 != sha256:
+        raise StageError(
+            f"{name} version {version.version}: its {variant} file has sha256 {actual[:12]}, the version is tagged "
+            f"{sha256[:12] or 'with none'}: refused"
+        )
+    return models, variant, RegistryVersion(name, str(version.version), champion=True)
+
+
+def registered_as(params: Params, sha256: str) -> RegistryVersion | None:
+    """The newest registered version of this file, and whether it is the champion; None without a registry that is
+    already there (the server never creates a store), or when no version holds this file."""
+    from pipeline.tracking import tracking_uri
+
+    uri = tracking_uri(params.tracking)
+    local = uri.startswith("sqlite:///")
+    if not params.tracking.enabled or (local and not Path(uri[len("sqlite:///") :]).is_file()):
+        return None
+    if not local and not os.environ.get("MLFLOW_TRACKING_URI"):
+        return None  # a configured server that may be far away: only when the environment names it
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    name = params.tracking.registered_model_name
+    try:
+        versions = [v for v in client.search_model_versions(f"name='{name}'") if v.tags.get("sha256") == sha256]
+    except mlflow.exceptions.MlflowException:
+        return None
+    if not versions:
+        return None
+    try:
+        champion = client.get_model_version_by_alias(name, "champion").version
+    except mlflow.exceptions.MlflowException:
+        champion = None  # no champion yet
+    newest = max(versions, key=lambda v: int(v.version))
+    same = champion is not None and any(str(v.version) == str(champion) for v in versions)
+    return RegistryVersion(name, str(champion if same else newest.version), champion=same)
