@@ -120,3 +120,19 @@ def test_the_pipeline_runs_on_an_x86_and_an_arm_runner_and_the_compare_job_reads
         step for step in doc["jobs"]["repro"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")
     ]
     assert "pipeline-${{ matrix.arch }}" in {step["with"]["name"] for step in uploads}
+
+
+def test_exactly_one_leg_promotes_and_the_release_ships_that_legs_champion() -> None:
+    """Both legs gate their model, but only the x86 one may move `champion` (evaluate.promote, set per leg on the
+    experiment): the release builds from that leg's artifact, and only a file that became the champion."""
+    doc = yaml.safe_load((REPO / ".github" / "workflows" / "pipeline.yml").read_text())
+    legs = {leg["arch"]: leg["promote"] for leg in doc["jobs"]["repro"]["strategy"]["matrix"]["include"]}
+    assert legs == {"x86_64": "auto", "arm64": "never"}
+    prepare = next(s["run"] for s in doc["jobs"]["repro"]["steps"] if s.get("name", "").startswith("prepare"))
+    assert 'settings+=(-S "evaluate.promote=${{ matrix.promote }}")' in prepare
+    release = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    steps = release["jobs"]["build"]["steps"]
+    promoting = next(arch for arch, policy in legs.items() if policy == "auto")
+    assert any(s.get("with", {}).get("name") == f"pipeline-{promoting}" for s in steps)
+    context = next(s["run"] for s in steps if s.get("id") == "context")
+    assert "--champion-only" in context

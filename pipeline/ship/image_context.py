@@ -4,10 +4,10 @@
 `pipeline containerize` builds one platform at a time on the local engine; this stages the same context
 (pipeline/ship/context.py: the package, params.yaml, the chosen ONNX variant, docker/Dockerfile) with the
 serving wheels of every platform in one wheelhouse, from which pip in the build picks its own. Prints
-`key=value` lines (for $GITHUB_OUTPUT): dir, variant, model_version, model_accuracy, revision, and the project's
+`key=value` lines (for $GITHUB_OUTPUT): dir, variant, model_version, model_accuracy, registry_version, revision, and the project's
 image_name and title (params.yaml's, resolved).
 
-    pipeline image-context OUT [--platform linux/amd64 --platform linux/arm64] [--variant auto]
+    pipeline image-context OUT [--platform linux/amd64 --platform linux/arm64] [--variant auto] [--champion-only]
 """
 
 from __future__ import annotations
@@ -35,12 +35,22 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="an accepted ONNX variant (fp32-onnx, int8-onnx, student-int8-onnx, ...) | auto (the benchmark's choice)",
     )
+    parser.add_argument(
+        "--champion-only",
+        action="store_true",
+        help="only a file whose passed gate made it the registry's champion (the release's rule)",
+    )
     args = parser.parse_args(argv)
     platforms = args.platforms or ["linux/amd64", "linux/arm64"]
     try:
         params = load_params(Path("params.yaml"))
         model = ctx.choose_model(MODELS_DIR, args.variant)
-        gate_file.require_passed(model.variant, model.sha256)
+        gate = gate_file.require_passed(model.variant, model.sha256)
+        if args.champion_only and not gate.promoted_version:
+            raise StageError(
+                f"{model.variant} (sha256 {model.sha256[:12]}) passed its gate but did not become the champion "
+                f"({gate.not_promoted or 'not promoted'}): the release ships only the champion's file"
+            )
         requirements: set[str] = set()
         for i, platform_name in enumerate(platforms):
             wheels = ctx.download_wheels(platform_name, ctx.wheel_cache_dir() / platform_name.split("/")[1])
@@ -62,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"variant={model.variant}")
     print(f"model_version={model.version}")
     print(f"model_accuracy={model.accuracy if model.accuracy is not None else ''}")
+    print(f"registry_version={gate.promoted_version}")
     print(f"revision={revision}")
     print(f"image_name={params.containerize.image.rsplit('/', 1)[-1].split(':')[0]}")
     print(f"title={params.serve.title}")
