@@ -183,7 +183,7 @@ WITHOUT_DEMO: list[tuple[str, str, str]] = [
     ("Makefile", "\tscripts/raw-data.sh\n", ""),
     (
         "mkdocs.yml",
-        "  - Measured results:\n      - Measured results: results.md\n      - Earlier rounds: results-history.md\n",
+        "  - Measured results:\n      - Measured results: results.md\n      - Earlier figures: results-history.md\n",
         "",
     ),
     # the manual's commands (a code span or block cannot hold a demo marker: the rest is marked, DEMO_OPEN)

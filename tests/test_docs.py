@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,6 +48,138 @@ def test_the_readmes_relative_links_lead_to_files() -> None:
     assert any(link.startswith("docs/") for link in links)
     broken = [link for link in links if not (REPO / link.split("#")[0]).exists()]
     assert not broken, f"README.md links to missing files: {broken}"
+
+
+# A figure as the README's headline table writes one: a number, or a range of two, with its unit ("532 MiB"), a
+# percentage ("99.62 %"), a ratio ("2.02x", also with the multiplication sign), or a time ("25 min 47 s", "150 s").
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+FIGURE = re.compile(
+    rf"(?<![\w.,]){NUMBER}(?:\s?[–-]\s?{NUMBER})?"
+    r"(?:\s?(?:%|×|x\b)|\s(?:h \d+ min|min \d+ s|h|min|s|ms|µs|MiB|GiB|KiB|MB|GB|KB|img/s|req/s|px)(?![\w/]))"
+)
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc (mkdocs) gives a heading: "The served model's speed" -> the-served-models-speed."""
+    text = unicodedata.normalize("NFKD", re.sub(r"`([^`]*)`", r"\1", heading)).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Each heading's anchor -> the heading's section, up to the next heading of its level or above (code blocks are
+    not headings)."""
+    lines = text.splitlines()
+    heads: list[tuple[int, int, str]] = []
+    fenced = False
+    for number, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if not fenced and (match := re.match(r"(#{1,6}) (.+)", line)):
+            heads.append((number, len(match[1]), _slug(match[2])))
+    sections = {}
+    for i, (start, level, slug) in enumerate(heads):
+        end = next((n for n, lv, _ in heads[i + 1 :] if lv <= level), len(lines))
+        sections[slug] = "\n".join(lines[start:end])
+    return sections
+
+
+def _headline_rows() -> list[tuple[str, str, str]]:
+    """(anchor in docs/results.md, figure, CPU) of each row of the README's headline table."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Headline figures", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines():
+        if match := re.fullmatch(r"\| \[[^\]]+\]\(docs/results\.md#([\w-]+)\) \| (.+) \| (.+) \|", line.strip()):
+            rows.append((match[1], match[2], match[3]))
+    return rows
+
+
+def _figures(cell: str) -> list[str]:
+    prose = re.sub(r"`[^`]*`", "", cell).replace("**", "")  # a command's numbers are no figures
+    return [m.group(0) for m in FIGURE.finditer(prose)]
+
+
+@pytest.mark.skipif(not MEASURED, reason="a project without the demo has no measured results")
+def test_each_readme_figure_is_written_as_its_results_section_writes_it() -> None:
+    """Each figure of the README's headline table (a number with its unit, a percentage, a ratio, a time) stands
+    verbatim in the section of docs/results.md that its row links to, whole (the README's "18 min" is no match for
+    "18 min 9 s", nor "1.8 GB" for "1,789 MiB"); the row's CPU kinds are named there, with a date and a command."""
+    sections = _sections((REPO / "docs" / "results.md").read_text())
+    rows = _headline_rows()
+    assert len(rows) >= 6, rows
+    problems = []
+    for anchor, cell, cpu in rows:
+        if anchor not in sections:
+            problems.append(f"#{anchor}: no such section in docs/results.md")
+            continue
+        section = " ".join(sections[anchor].replace("**", "").split())  # a line break is a space
+        figures = _figures(cell)
+        if not figures:
+            problems.append(f"#{anchor}: no figure in the README's row")
+        for figure in figures:
+            whole = rf"(?<![\w.,])(?<!min )(?<!h ){re.escape(figure)}(?!\w|[.,]\d|\s?[–-]?\s?\d)"  # not a part
+            if not re.search(whole, section):
+                problems.append(f"#{anchor}: the README's {figure!r} is not written so in docs/results.md")
+        if not re.search(r"\b20\d\d-\d\d-\d\d\b", section) or "```" not in sections[anchor]:
+            problems.append(f"#{anchor}: the section gives no date or no command block")
+        for kind in filter(None, (k.strip() for k in cpu.split(";"))):
+            if kind not in section:
+                problems.append(f"#{anchor}: the README's CPU {kind!r} is not named in the section")
+    assert problems == []
+
+
+def test_a_figure_is_a_number_with_its_unit() -> None:
+    cell = (
+        "exit 0 in 18 min 9 s, **99.62 %** of 11,985 images (two seeds: 91.7 %, 91.0 %), `make pipeline STAGE=card`, "
+        "**6.19×** (range 6.05–6.22×), 2.02x, 532 MiB, 21 min 37 s to 30 min 36 s, 100,000 images at 224 px, x86-64"
+    )
+    assert _figures(cell) == ["18 min 9 s", "99.62 %", "91.7 %", "91.0 %", "6.19×", "6.05–6.22×", "2.02x",
+                              "532 MiB", "21 min 37 s", "30 min 36 s", "224 px"]  # fmt: skip
+    assert _slug("The served model's speed") == "the-served-models-speed"
+    assert _slug("Decode and the `HTTP` front end") == "decode-and-the-http-front-end"
+
+
+# The manual's pages stay readable: their reader wants the current state, not how it came about.
+WORD_LIMITS = {"docs/ci.md": 2500, "docs/own-data.md": 3000, "docs/results.md": 4000}
+
+
+@pytest.mark.parametrize("page", sorted(WORD_LIMITS))
+def test_the_page_stays_within_its_word_limit(page: str) -> None:
+    path = REPO / page
+    if not path.is_file():
+        pytest.skip(f"{page}: not in this project")
+    words = len(path.read_text().split())  # as `wc -w` counts
+    assert words <= WORD_LIMITS[page], f"{page}: {words} words, the limit is {WORD_LIMITS[page]}"
+
+
+MANUAL = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+COMMIT = re.compile(r"`([0-9a-f]{7,40})`")
+ISSUE = re.compile(r"(?<![\w&#])#\d+\b|\bissues? #?\d+\b", re.IGNORECASE)
+HISTORY = re.compile(r"\b(?:this|last|previous) round\b|\bearlier rounds?\b", re.IGNORECASE)
+
+
+def _history_marks(text: str) -> list[str]:
+    """The commit hashes, issue numbers and phrases of a diary ("this round") in a page of the manual."""
+    hashes = [h for h in COMMIT.findall(text) if re.search(r"\d", h) and re.search(r"[a-f]", h)]
+    prose = re.sub(r"https?://\S+|\]\([^)]*\)|\bid=\"[^\"]*\"", "", text)  # URLs, link targets and anchors
+    issues = [m.group(0) for m in ISSUE.finditer(prose)]
+    return [f"commit `{h}`" for h in hashes] + [f"issue {i!r}" for i in issues] + HISTORY.findall(text)
+
+
+def test_a_history_mark_is_found() -> None:
+    text = (
+        "at `f79bdaf`, `1234567` and `deadbeef` are no commits; #40's target, issue 23, [a](x.md#40-b) "
+        "https://github.com/o/r/issues/7#12 &#8212; this round, the previous round's, earlier rounds, 3 rounds"
+    )
+    assert _history_marks(text) == ["commit `f79bdaf`", "issue '#40'", "issue 'issue 23'", "this round",
+                                    "previous round", "earlier rounds"]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", MANUAL)
+def test_the_manual_names_no_commit_issue_or_round(page: str) -> None:
+    """README.md and docs/*.md describe the project as it is: no commit hashes, issue numbers or "this round" (the
+    history is in git and CHANGELOG.md)."""
+    marks = _history_marks((REPO / page).read_text())
+    assert marks == [], f"{page}: {marks[:20]}{' ...' if len(marks) > 20 else ''} ({len(marks)} in all)"
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
@@ -105,7 +238,7 @@ def test_the_site_builds_strict_and_its_pages_open_in_chromium(site: str) -> Non
                 page.locator("nav.md-nav--primary a", has_text="Measured results").first.click()
                 page.wait_for_url(f"{site}/results/")
                 results = page.locator("article").inner_text()
-                assert "0.9962" in results and "python -m benchmarks accuracy" in results
+                assert "99.62 %" in results and "python -m benchmarks accuracy" in results
                 flamegraph = page.request.get(f"{site}/serve-flamegraph.svg")
                 assert flamegraph.status == 200 and b"<svg" in flamegraph.body()[:2000]
 
