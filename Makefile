@@ -63,12 +63,12 @@ bytecode: env
 # Run the light commands as `PYTHONPATH=. .venv-light/bin/python -m pipeline.cli monitor|compare ...`
 env-light: .venv-light/.synced
 
-# A release: `make changelog VERSION=0.3.0`, commit ("release: v0.3.0"), `git tag -a v0.3.0`, push the tag
-# (release.yml publishes the image; `copier update --vcs-ref v0.3.0` moves projects to it).
-changelog: env
+# A release: `make changelog VERSION=0.3.0`, commit ("release: v0.3.0"), push to the default branch: tag.yml tags
+# that commit v0.3.0 (scripts/release-tag.sh; `copier update --vcs-ref v0.3.0` moves projects to it).
+changelog:
 	@echo "$(VERSION)" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+$$' || { echo "usage: make changelog VERSION=X.Y.Z" >&2; exit 2; }
-	$(UV) run --frozen git-cliff --config cliff.toml --unreleased --tag v$(VERSION) --prepend CHANGELOG.md
-	sed -i 's/^version = ".*"/version = "$(VERSION)"/' pyproject.toml
+	$(MAKE) env
+	GIT_CLIFF=.venv/bin/git-cliff scripts/changelog.sh $(VERSION)
 	$(UV) lock --quiet
 
 pipeline: env

@@ -8,31 +8,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.artifacts.checksum import sha256_of
 from pipeline.artifacts.variants import MANIFEST_NAME
 from pipeline.config import Params
 from pipeline.errors import StageError
-
-
-@dataclass(frozen=True)
-class RegistryVersion:
-    """A registered model version, as the server reports it."""
-
-    name: str
-    """The registered model (tracking.registered_model_name)."""
-    version: str
-    """Its version number in the registry."""
-    champion: bool
-    """Whether the registry's `champion` alias points at it."""
-
-    def describe(self) -> str:
-        return f"registry version {self.version} of {self.name}" + (" (the champion)" if self.champion else "")
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+from pipeline.serve.model import RegistryVersion
 
 
 def download_champion(params: Params) -> tuple[Path, str, RegistryVersion]:

@@ -33,7 +33,7 @@ from pipeline.config import Params, parse_params
 from pipeline.console import log
 from pipeline.errors import StageError
 from pipeline.machine.ports import ensure_free
-from pipeline.serve.champion import RegistryVersion
+from pipeline.serve.model import RegistryVersion
 
 # Set by the supervisor for its workers: the inherited listening socket and the params they serve.
 WORKER_FD_ENV = "PIPELINE_SERVE_SOCKET_FD"

@@ -4,7 +4,7 @@ interface (pipeline.runtimes, the same one the benchmark stage times), plus what
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,24 @@ from pipeline.config import ServeConfig
 from pipeline.errors import StageError
 from pipeline.images.preprocess import Framing
 from pipeline.machine import usable_cpus
-from pipeline.serve.champion import RegistryVersion
+
+
+@dataclass(frozen=True)
+class RegistryVersion:
+    """A registered model version, as the server reports it."""
+
+    name: str
+    """The registered model (tracking.registered_model_name)."""
+    version: str
+    """Its version number in the registry."""
+    champion: bool
+    """Whether the registry's `champion` alias points at it."""
+
+    def describe(self) -> str:
+        return f"registry version {self.version} of {self.name}" + (" (the champion)" if self.champion else "")
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
