@@ -278,8 +278,9 @@ def test_a_generated_project_runs_on_its_own_folder_of_images_through_deploy(tem
 
 @pytest.mark.slow
 def test_copier_update_merges_a_later_template_commit_into_an_edited_project(template: Path, tmp_path: Path) -> None:
-    """A project generated from v0.0.1 and changed by its users (committed) takes v0.0.2 of the template with
-    `copier update`: the template's change arrives renamed, the users' edits stay, nothing conflicts."""
+    """A project generated from v0.0.1 and changed by its users (committed) takes the template's next release, tagged
+    as tag.yml tags it, with `copier update --vcs-ref <that tag>`: the template's change arrives renamed, the users'
+    edits stay, nothing conflicts."""
     base = tmp_path / "template"
     shutil.copytree(template, base)  # its own history: this test adds a commit
     project = generate(base, tmp_path / "acme", "v0.0.1", **ANSWERS, data_root="data/parts")
@@ -307,10 +308,15 @@ def test_copier_update_merges_a_later_template_commit_into_an_edited_project(tem
     (base / "params.yaml").write_text(
         re.sub(r'^  model_name: "" .*$', '  model_name: ""  # /v2/models/<name>', params, count=1, flags=re.M)
     )
-    git("commit", "-q", "-am", "hpa: say what it scales; params: where the model name shows", cwd=base)
-    git("tag", "v0.0.2", cwd=base)
+    # ... released as the template releases: a "release: vX.Y.Z" commit of pyproject's version, tagged by the
+    # script tag.yml runs on the default branch.
+    version = re.search(r'^version = "([^"]+)"', (base / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    git("commit", "-q", "-am", f"release: v{version}", cwd=base)
+    tagged = subprocess.run(["scripts/release-tag.sh"], cwd=base, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **GIT_IDENTITY})  # fmt: skip
+    assert tagged.returncode == 0 and f"as v{version}" in tagged.stdout, tagged.stdout + tagged.stderr
 
-    out = copier("update", "--trust", "--defaults", "--vcs-ref", "v0.0.2", cwd=project)
+    out = copier("update", "--trust", "--defaults", "--vcs-ref", f"v{version}", cwd=project)
     # the task ran in each render: the old version's, the project's and the new version's
     assert out.count("template_names: ") == 3, out
     status = git("status", "--porcelain", cwd=project)
@@ -321,7 +327,7 @@ def test_copier_update_merges_a_later_template_commit_into_an_edited_project(tem
     assert "  epochs: 30\n" in params and "  model_name: acme  # /v2/models/<name>\n" in params
     assert "# ours: the service behind the acme gateway\n" in (project / "deploy/k8s/service.yaml").read_text()
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
-    assert answers["_commit"] == "v0.0.2" and answers["model_name"] == "acme"
+    assert answers["_commit"] == f"v{version}" and answers["model_name"] == "acme"
     for name in files_of(project):
         text = (project / name).read_text(errors="replace")
         markers = [line for line in text.splitlines() if line.startswith(("<<<<<<< ", ">>>>>>> "))]
