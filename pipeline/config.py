@@ -528,8 +528,10 @@ class ContainerizeConfig(Section):
     """Build with BuildKit instead of the legacy builder."""
     source_url: str = ""
     """OCI label org.opencontainers.image.source; empty: derived from the git remote `origin`."""
-    skip_without_engine: bool = False
-    """With no Docker engine reachable: record a skipped build instead of failing the stage."""
+    skip_without_engine: bool | Literal["auto"] = "auto"
+    """With no Docker engine reachable: record a skipped build (one line) instead of failing the stage. `auto`:
+    skip on a developer's machine, fail where the `CI` environment variable is `true` (CI and release runs, where
+    a missing engine is a broken runner)."""
 
 
 class DeployConfig(Section):
@@ -550,8 +552,9 @@ class DeployConfig(Section):
     """Test images to send (the first N); 0 = all of data/prepared/test/."""
     accuracy_tolerance: float = Field(0.0, ge=0.0, le=1.0)
     """Largest allowed |accuracy through the API - evaluate stage's accuracy| (0: must be equal)."""
-    skip_without_engine: bool = False
-    """With no Docker engine reachable: record a skipped deploy instead of failing the stage."""
+    skip_without_engine: bool | Literal["auto"] = "auto"
+    """With no Docker engine reachable (or no image built): record a skipped deploy instead of failing the stage;
+    `auto` as containerize.skip_without_engine."""
 
 
 class DriftConfig(Section):

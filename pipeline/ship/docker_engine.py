@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,13 @@ ENGINE_HINT = (
     "start one (`docker/engine-up.sh` installs and starts Debian's engine as root), point DOCKER_HOST at "
     "one, or skip this stage without an engine with `{param}: true` in params.yaml"
 )
+
+
+def skips_without_engine(setting: bool | str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a stage records a skip when no engine answers: `true`; `auto` everywhere but CI (`CI=true`), where
+    a missing engine must fail the run rather than ship nothing quietly."""
+    env = os.environ if env is None else env
+    return setting is True or (setting == "auto" and env.get("CI", "").lower() != "true")
 
 
 class NoEngine(StageError):

@@ -92,7 +92,7 @@ def run(params: Params) -> None:
     try:
         engine = eng.find_engine("containerize.skip_without_engine")
     except eng.NoEngine as exc:
-        if config.skip_without_engine:
+        if eng.skips_without_engine(config.skip_without_engine):
             skipped(str(exc))
             return
         raise

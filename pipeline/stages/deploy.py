@@ -165,14 +165,14 @@ def run(params: Params) -> None:
 def _engine_or_skip(config: DeployConfig, image: image_file.ImageRecord) -> eng.DockerEngine | None:
     """The engine to deploy on; None when the stage is skipped (no image or no engine, deploy.skip_without_engine)."""
     if image.skipped:
-        if config.skip_without_engine:
+        if eng.skips_without_engine(config.skip_without_engine):
             skipped(f"containerize was skipped: {image.reason}")
             return None
         raise StageError(f"containerize built no image ({image.reason or 'skipped'}): nothing to deploy")
     try:
         return eng.find_engine("deploy.skip_without_engine")
     except eng.NoEngine as exc:
-        if config.skip_without_engine:
+        if eng.skips_without_engine(config.skip_without_engine):
             skipped(str(exc))
             return None
         raise

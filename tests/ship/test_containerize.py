@@ -28,7 +28,7 @@ MAX_IMAGE_MB = 400
 def test_params_have_safe_defaults_and_refuse_typos() -> None:
     params = parse_params({})
     assert params.containerize.platforms == ["linux/amd64"]
-    assert params.containerize.skip_without_engine is False
+    assert params.containerize.skip_without_engine == params.deploy.skip_without_engine == "auto"
     assert params.deploy.target == "local"
     with pytest.raises(ConfigError, match=r"containerize\.platfroms: unknown key"):
         parse_params({"containerize": {"platfroms": ["linux/arm64"]}})
@@ -167,6 +167,23 @@ def test_without_an_engine_the_stage_says_so_in_one_line(tmp_path: Path, monkeyp
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: no Docker engine") and "skip_without_engine" in proc.stderr
+
+
+def test_without_an_engine_a_developers_run_skips_in_one_line_and_ci_fails(tmp_path: Path) -> None:
+    """skip_without_engine `auto` (the default): on a developer's machine the two stages record a skip, each in one
+    line, so the README's one command finishes without a Docker engine; where CI=true the same run fails."""
+    (tmp_path / "params.yaml").write_text("tracking: {enabled: false}\n")
+    here = {k: v for k, v in _no_engine_env(tmp_path).items() if k != "CI"}
+    for stage in ("containerize", "deploy"):
+        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", stage], cwd=tmp_path, env=here,
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        said = [line for line in proc.stderr.splitlines() if "skipped" in line]
+        assert len(said) == 1 and f"{stage}: skipped (" in said[0] and "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "reports" / "deploy" / "smoke.json").read_text())["skipped"] is True
+    ci = subprocess.run([sys.executable, "-m", "pipeline.cli", "containerize"], cwd=tmp_path,
+                        env=_no_engine_env(tmp_path), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert ci.returncode == 2 and ci.stderr.startswith("error: no Docker engine"), ci.stderr
 
 
 def test_without_an_engine_the_stages_can_be_skipped(tmp_path: Path) -> None:
