@@ -109,7 +109,7 @@ NAMES: list[tuple[str, str, str]] = [
 # A registry for the deploy stage's `registry` target and the manifests' examples (empty: the local one).
 REGISTRY: list[tuple[str, str, str]] = [
     ("params.yaml", "  registry: 127.0.0.1:5000  ", "  registry: {registry}  "),
-    ("pipeline/config.py", 'registry: str = "127.0.0.1:5000"', 'registry: str = "{registry}"'),
+    ("pipeline/params/serving.py", 'registry: str = "127.0.0.1:5000"', 'registry: str = "{registry}"'),
     ("deploy/k8s/deployment.yaml", "ghcr.io/OWNER/", "{registry}/"),
     ("deploy/kserve/servingruntime.yaml", "ghcr.io/OWNER/", "{registry}/"),
 ]
@@ -134,8 +134,8 @@ DATA: list[tuple[str, str, str]] = [
     ),
     ("params.yaml", "(GTSRB tracks, a CSV's group, else files)", "(a CSV's group, else files)"),
     ("pipeline/data/sources.py", 'DEFAULT_SOURCE = "gtsrb"', 'DEFAULT_SOURCE = "{data_source}"'),
-    ("pipeline/config.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
-    ("pipeline/config.py", "download: bool = True", "download: bool = False"),
+    ("pipeline/params/training.py", 'root: PathField = Path("data/raw")', 'root: PathField = Path("{data_root}")'),
+    ("pipeline/params/training.py", "download: bool = True", "download: bool = False"),
     (
         "Makefile",
         "run the DVC pipeline (set GTSRB_ROOT to use an existing GTSRB copy)",

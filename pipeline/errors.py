@@ -3,8 +3,3 @@
 
 class StageError(Exception):
     """A stage cannot go on because of its inputs (missing data, bad params, a failed gate...)."""
-
-
-class NotImplementedStage(StageError):
-    def __init__(self, stage: str, issue: str) -> None:
-        super().__init__(f"the {stage} stage is not implemented yet ({issue})")

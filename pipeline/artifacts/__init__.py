@@ -2,6 +2,7 @@
 its writer and its reader, and one clear error (StageError) for a missing, foreign or corrupt file.
 
     prepared.py     data/prepared/{train,val,test}/ shards + manifest.json prepare -> train, evaluate, optimize, ...
+                    (its schema, writer, storage and reader: _prepared/)
     initial_weights.py  models/weights.json (the file train starts from)  weights -> train
     model.py        models/model.pt (and the variants' .pt files)         train -> evaluate, optimize
     variants.py     models/manifest.json + models/variants/               optimize -> benchmark, containerize, serve

@@ -31,6 +31,21 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (its directory entry on disk). Best effort: a filesystem that cannot
+    open or sync a directory leaves it to the OS, as it does for every other write there."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_model(path: Path, record: BaseModel) -> Path:
     return write_text_atomic(path, json.dumps(record.model_dump(mode="json"), indent=2) + "\n")
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts._files import read_model, write_text_atomic
+from pipeline.runtimes import baseline_backend
 
 REPORT_PATH = REPORTS_DIR / "benchmark" / "report.json"
 
@@ -26,10 +27,17 @@ class BenchmarkReport(BaseModel):
     chosen: dict[str, Any] | None = None
 
 
+# A setup's `setting`: the switches its worker process starts with (oneDNN ones only where the backend's record has
+# onednn_settings and the torch build has oneDNN).
+DEFAULT = "default"
+ONEDNN_OFF = "onednn-off"
+ONEDNN_ON = "onednn-on"
+BF16_FPMATH = "bf16-fpmath"  # oneDNN on, its fp32 math in bf16 (CPUs with native bf16)
+
 # PyTorch's default: fp32 eager, oneDNN on, all threads. What users would otherwise run; the speed-ups that the
-# card and the MLflow parent run quote are against it.
-DEFAULT_EAGER = ("fp32", "torch-eager", "onednn-on")  # what users run without us: PyTorch's defaults
-ONEDNN_OFF_EAGER = ("fp32", "torch-eager", "onednn-off")  # the learning path's "OpenBLAS" row: ATen + BLAS
+# card and the MLflow parent run quote are against it. The eager backend is the table's baseline (pipeline.runtimes).
+DEFAULT_EAGER = ("fp32", baseline_backend(), ONEDNN_ON)  # what users run without us: PyTorch's defaults
+ONEDNN_OFF_EAGER = ("fp32", baseline_backend(), ONEDNN_OFF)  # the learning path's "OpenBLAS" row: ATen + BLAS
 
 
 def best_eager(

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pipeline.artifacts._files import fsync_dir
 from pipeline.artifacts.checksum import sha256_of
 from pipeline.errors import StageError
 
@@ -31,19 +32,6 @@ _NAME = re.compile(r"^step_(\d{8})$")
 
 def folder_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def seal(partial: Path, trainer_state: dict[str, Any]) -> Path:
@@ -64,7 +52,7 @@ def seal(partial: Path, trainer_state: dict[str, Any]) -> Path:
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return final
 
 

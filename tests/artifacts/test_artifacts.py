@@ -7,7 +7,9 @@ import contextlib
 import hashlib
 import json
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +71,51 @@ def test_shards_stream_and_read_by_row(tmp_path: Path) -> None:
         reader.take([1000])
     reader.verify()
     assert np.array_equal(prepared.read_split("val", folder).images, arrays["val"].images)
+
+
+class _InMemoryFiles:
+    """Another `prepared.Files` (neither on this disk nor in DVC): every file held in memory."""
+
+    def __init__(self, folder: Path) -> None:
+        self.blobs = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def where(self, name: str) -> str:
+        return f"memory:{name}"
+
+    def read_bytes(self, name: str) -> bytes:
+        if name not in self.blobs:
+            raise FileNotFoundError(name)
+        return self.blobs[name]
+
+    def read_record(self, name: str, schema: type[Any]) -> Any:
+        return schema.model_validate_json(self.read_bytes(name))
+
+    def size(self, name: str) -> int:
+        return len(self.read_bytes(name))
+
+    def read_into(self, name: str, offset: int, buffer: np.ndarray) -> int:
+        data = self.read_bytes(name)[offset : offset + buffer.nbytes]
+        buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        return len(data)
+
+    def read_rows(self, name: str, offsets: Sequence[int], buffers: Sequence[np.ndarray]) -> list[int]:
+        return [self.read_into(name, offset, row) for offset, row in zip(offsets, buffers, strict=True)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_reader_reads_any_files_of_the_protocol(tmp_path: Path) -> None:
+    """SplitReader asks a copy of data/prepared/ only what `Files` names: a copy held elsewhere reads the same."""
+    folder = write_prepared(tmp_path, sizes=(86, 43, 43), image_size=8, shard_mb=32 * 192 / 2**20)
+    files = _InMemoryFiles(folder)
+    assert prepared.files_of(files) is files and isinstance(prepared.files_of(folder), prepared.LocalFiles)
+    assert prepared.read_manifest(files) == prepared.read_manifest(folder)
+    rows = [85, 0, 31, 32, 64]
+    assert np.array_equal(
+        prepared.SplitReader("train", files).take(rows), prepared.SplitReader("train", folder).take(rows)
+    )
+    assert np.array_equal(prepared.read_split("test", files).images, prepared.read_split("test", folder).images)
 
 
 def test_prepared_missing_truncated_corrupt_and_foreign(tmp_path: Path) -> None:
