@@ -36,7 +36,7 @@ from pipeline.images.served_input import served_test_input
 from pipeline.machine.memory_budget import Budget
 from pipeline.optimize import export, prune, quantize
 from pipeline.optimize.finetune import distill_student, finetune
-from pipeline.runtimes import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, open_file, runtimes_for
+from pipeline.runtimes import TORCH_COMPILE, open_file, runtimes_for
 
 
 def load_images(split: str, image_size: int) -> ModelInput:
@@ -149,7 +149,7 @@ class VariantMaker:
         if not made:
             reasons.append(error)
         else:
-            backend = TORCH_EAGER if c.format != "onnx" else ONNXRUNTIME
+            backend = runtimes_for(c.format)[0]  # the table's first backend for the format
             accuracy, logits, seconds = self.evaluate(c, backend)
             c.details.update(evaluated_on=backend, eval_seconds=round(seconds, 3))
             # The gate is on what users get: the original files as served (and validation framed as served), where

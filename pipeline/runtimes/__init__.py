@@ -16,11 +16,27 @@ from pipeline.errors import StageError
 from pipeline.runtimes.base import ONNXRUNTIME, TORCH_COMPILE, TORCH_EAGER, Backend, Opener, Runtime
 
 # Every backend: one module with an Opener each, one line here (docs/extending.md). Order is preference: a variant
-# made by optimize lists the backends that open its format in this order, and `auto` serves it on the first.
+# made by optimize lists the backends that open its format in this order, `auto` serves it on the first, and optimize
+# evaluates it on the first. Nothing outside this package names a backend: the stages ask its record (base.Backend).
+_TORCH_FILES = ("torch-state-dict", "torch-export")
+_TORCH_PACKAGES = ("torch", "torchao")
 RUNTIME_BACKENDS: dict[str, Backend] = {
-    ONNXRUNTIME: Backend(("onnx",), "pipeline.runtimes.onnx:open_onnx"),
-    TORCH_EAGER: Backend(("torch-state-dict", "torch-export"), "pipeline.runtimes.torch_backend:open_eager"),
-    TORCH_COMPILE: Backend(("torch-state-dict", "torch-export"), "pipeline.runtimes.torch_backend:open_compiled"),
+    ONNXRUNTIME: Backend(
+        ("onnx",),
+        "pipeline.runtimes.onnx:open_onnx",
+        ("onnxruntime",),
+        image=True,
+        profiler="pipeline.runtimes.onnx:profile_onnx",
+    ),
+    TORCH_EAGER: Backend(
+        _TORCH_FILES,
+        "pipeline.runtimes.torch_backend:open_eager",
+        _TORCH_PACKAGES,
+        baseline=True,
+        onednn_settings=True,
+        untimed={"torch-export": "pt2e int8 graphs run reference kernels in eager mode: timed compiled only"},
+    ),
+    TORCH_COMPILE: Backend(_TORCH_FILES, "pipeline.runtimes.torch_backend:open_compiled", _TORCH_PACKAGES),
 }
 
 __all__ = [
@@ -28,9 +44,12 @@ __all__ = [
     "RUNTIME_BACKENDS",
     "TORCH_COMPILE",
     "TORCH_EAGER",
+    "Backend",
     "ModelManifest",
     "Runtime",
     "Variant",
+    "baseline_backend",
+    "image_backend",
     "open_file",
     "open_runtime",
     "read_manifest",
@@ -42,6 +61,17 @@ def runtimes_for(fmt: str, first: str | None = None) -> list[str]:
     """The backends that open files of format `fmt`, in the table's order (`first` moved to the front)."""
     names = [name for name, backend in RUNTIME_BACKENDS.items() if fmt in backend.formats]
     return sorted(names, key=lambda name: name != first)
+
+
+def image_backend() -> str:
+    """The backend the server image runs: the table's first with `image` (evaluate measures the shipped variant on
+    it; the model card names it for a variant the benchmark did not choose)."""
+    return next(name for name, backend in RUNTIME_BACKENDS.items() if backend.image)
+
+
+def baseline_backend() -> str:
+    """PyTorch's default eager, the benchmark's baseline: the table's backend with `baseline`."""
+    return next(name for name, backend in RUNTIME_BACKENDS.items() if backend.baseline)
 
 
 def _opener(backend: str) -> Opener:

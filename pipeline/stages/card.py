@@ -32,6 +32,7 @@ from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
 from pipeline.console import log
 from pipeline.errors import StageError
+from pipeline.runtimes import image_backend
 from pipeline.tracking import stage_run
 
 EXAMPLES_PER_CONFUSION = 3
@@ -292,7 +293,7 @@ def _shipped(
         served_accuracy=variant.served_accuracy,
         accuracy_drop_points=round(100 * variant.accuracy_drop, 2),
         made_from=made,
-        backend=choice.backend if benchmarked else "onnxruntime",
+        backend=choice.backend if benchmarked else image_backend(),
         throughput_b32=m.get("throughput_b32"),
         p50_ms=m.get("p50_ms"),
         p99_ms=m.get("p99_ms"),

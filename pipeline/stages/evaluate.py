@@ -242,12 +242,13 @@ def quality_gate(
 
 
 def open_shipped(params: Params) -> Any:
-    """The variant the image ships, through the server's loader on ONNX Runtime (what the image runs)."""
+    """The variant the image ships, through the server's loader on the backend the image runs."""
+    from pipeline.runtimes import image_backend
     from pipeline.serve.model import load_served_model
     from pipeline.ship.context import choose_model
 
     shipped = choose_model(MODELS_DIR, params.containerize.variant)
-    config = params.serve.model_copy(update={"variant": shipped.variant, "backend": "onnxruntime", "workers": 1})
+    config = params.serve.model_copy(update={"variant": shipped.variant, "backend": image_backend(), "workers": 1})
     return load_served_model(MODELS_DIR, config), shipped.sha256
 
 

@@ -368,7 +368,9 @@ def log_variant_model(models_dir: Path, variant: Any, example: bytes, metadata: 
     import pandas as pd
     from mlflow.models import infer_signature
 
-    runtimes = ("onnxruntime",) if variant.runtimes[0] == "onnxruntime" else ("torch", "torchao")
+    from pipeline.runtimes import RUNTIME_BACKENDS
+
+    runtimes = RUNTIME_BACKENDS[variant.runtimes[0]].requirements  # what the variant's first backend imports
     requirements = [f"{n}=={version(n)}" for n in ("numpy", "pillow", "pandas", "pydantic", "pyyaml", *runtimes)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "models"  # the manifest and this one variant file, at the manifest's relative path

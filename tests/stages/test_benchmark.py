@@ -4,10 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.benchmarking import choice, worker
+from pipeline.benchmarking import report as reports
+from pipeline.benchmarking.setups import Result, Setup, bf16_capable, plan
 from pipeline.config import BenchmarkConfig
 from pipeline.errors import StageError
-from pipeline.stages import benchmark
-from pipeline.stages.benchmark import Result, Setup
 
 
 def _variant(name: str, runtimes: list[str], accepted: bool = True, accuracy: float = 0.99) -> SimpleNamespace:
@@ -26,7 +27,7 @@ def test_plan_covers_every_accepted_variant_backend_and_setting() -> None:
         ]
     )
     facts = {"onednn_available": True, "isa": ["avx2"], "cuda": None}
-    setups, skipped = benchmark.plan(manifest, facts, BenchmarkConfig(threads=[0, 1]))
+    setups, skipped = plan(manifest, facts, BenchmarkConfig(threads=[0, 1]))
     labels = {(s.variant, s.backend, s.setting, s.threads) for s in setups}
     assert ("fp32", "torch-eager", "onednn-off", 0) in labels and ("fp32", "torch-eager", "onednn-on", 1) in labels
     assert ("fp32", "torch-compile", "default", 0) in labels and ("fp32-onnx", "onnxruntime", "default", 1) in labels
@@ -37,7 +38,7 @@ def test_plan_covers_every_accepted_variant_backend_and_setting() -> None:
     assert [r.setup.setting for r in skipped] == ["bf16-fpmath", "default"]
     assert "compiled only" in (skipped[1].error or "")
 
-    with_bf16, _ = benchmark.plan(manifest, facts | {"isa": ["avx512_bf16"]}, BenchmarkConfig(threads=[0]))
+    with_bf16, _ = plan(manifest, facts | {"isa": ["avx512_bf16"]}, BenchmarkConfig(threads=[0]))
     assert ("fp32", "torch-eager", "bf16-fpmath", 0) in {
         (s.variant, s.backend, s.setting, s.threads) for s in with_bf16
     }
@@ -68,20 +69,20 @@ def test_choice_is_the_fastest_serving_setup_that_agrees_with_its_variants_refer
         _ok("pruned-onnx", "onnxruntime", 7000, 0.986, threads=1, predicted=one_off),  # single-thread rows never serve
         Result(Setup("x", "onnxruntime", "default", 0), "failed", "boom"),
     ]
-    chosen = benchmark.choose(results, config)
+    chosen = choice.choose(results, config)
     assert chosen is not None and (chosen.setup.variant, chosen.setup.threads) == ("pruned-onnx", 0)
-    assert benchmark.choose(results[:3], config) is None
+    assert choice.choose(results[:3], config) is None
     results[1] = _ok("int8-onnx", "torch-compile", 100, 0.99, predicted=[*three_off[:-1], answers[-1] + 1])
     results[2] = _ok("int8-onnx", "onnxruntime", 8000, 0.99, predicted=three_off)  # 1 of 200 from its reference
-    assert benchmark.choose(results, config).setup.variant == "int8-onnx"  # type: ignore[union-attr]
+    assert choice.choose(results, config).setup.variant == "int8-onnx"  # type: ignore[union-attr]
     assert "predicted" not in results[2].record()  # the report keeps the figures, not the answers
 
 
 def test_failing_setup_is_reported_and_the_rest_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no models/ here: the worker fails inside its own process
-    result = benchmark.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 120)
+    result = worker.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 120)
     assert result.status == "failed" and "exit 1" in (result.error or "")
-    hung = benchmark.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 0.01)
+    hung = worker.run_setup(Setup("fp32-onnx", "onnxruntime", "default", 0), BenchmarkConfig(), 0.01)
     assert hung.status == "failed" and "timed out" in (hung.error or "")
 
 
@@ -97,25 +98,23 @@ def _report(path: Path, arch: str, base: float, fast: float) -> Path:
 def test_compare_merges_reports_with_ratios_against_each_baseline(tmp_path: Path) -> None:
     x86 = _report(tmp_path / "x86.json", "x86_64", 1000, 12000)
     arm = _report(tmp_path / "arm.json", "aarch64", 500, 2000)
-    table = benchmark.compare([x86, arm])
+    table = reports.compare([x86, arm])
     rows = [line for line in table.splitlines() if line.startswith("| x86_64") or line.startswith("| aarch64")]
     assert len(rows) == 4
     assert "| x86_64 test cpu | int8-onnx | onnxruntime | default | 12,000 | 12.00× | 0.500 | 4.00× |" in table
     assert "| aarch64 test cpu | int8-onnx | onnxruntime | default | 2,000 | 4.00× |" in table
     with pytest.raises(StageError, match="not a benchmark report"):
-        benchmark.compare([tmp_path / "missing.json"])
+        reports.compare([tmp_path / "missing.json"])
 
 
 def test_markdown_table_marks_the_served_setup(tmp_path: Path) -> None:
     report = json.loads(_report(tmp_path / "r.json", "x86_64", 1000, 12000).read_text())
     report["chosen"] = report["results"][1]["setup"]
-    table = benchmark.markdown_table(report)
+    table = reports.markdown_table(report)
     assert "int8-onnx **(served)**" in table and "12.00×" in table and "4.00×" in table
 
 
 def test_benchmark_stage_on_a_real_tiny_model(benchmarked_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.stages.benchmark import bf16_capable
-
     monkeypatch.chdir(benchmarked_project)
     report = json.loads(Path("reports/benchmark/report.json").read_text())
     machine = report["machine"]
@@ -178,10 +177,82 @@ def test_headline_ratios_are_against_each_eager_baseline_at_its_better_thread_co
     ]
     chosen = {**results[-1]["setup"], "metrics": results[-1]["metrics"]}
     report = {"results": results, "chosen": chosen, "machine": {"isa": ["avx512f", "amx_int8"]}}
-    out = benchmark.headline(report, 32)
+    out = reports.headline(report, 32)
     assert out["speedup_b32_vs_default_eager"] == 10.0 and out["default_eager_threads"] == "all"
     assert out["speedup_b32_vs_eager_onednn_off"] == 30.0
     assert out["isa"] == "avx512f amx_int8"
+
+
+def test_served_headline_shows_headlines_figures_unrounded_at_batch_32_only() -> None:
+    """MLflow's headline names are at batch 32: the figures metrics.json rounds, exact; a run that timed no batch of
+    32 (benchmark.batch_sizes: [64]) has no throughput or speed-up there, and its other figures still go."""
+    results = [
+        _timed("fp32", "torch-eager", "onednn-on", 0, 3000.0),
+        _timed("int8-onnx", "onnxruntime", "default", 0, 10001.0),
+    ]
+    chosen = {**results[-1]["setup"], "metrics": {**results[-1]["metrics"], "p99_ms": 2.5}}
+    rounds = {"batch": 32, "median": 3.14159, "low": 2.5, "high": 3.9, "rounds": 3}
+    report = {
+        "results": results,
+        "chosen": chosen,
+        "machine": {},
+        "chosen_served_accuracy": 0.98765,
+        "headline": rounds,
+    }
+    manifest = SimpleNamespace(variants=[SimpleNamespace(name="int8-onnx", size_bytes=1024)])
+    result = Result(Setup(**results[-1]["setup"]), "ok", metrics=chosen["metrics"])
+    assert reports.served_headline(report, manifest, result) == {
+        "served_throughput_b32": 10001.0, "served_p50_ms": 1.0, "served_p99_ms": 2.5, "served_size_bytes": 1024.0,
+        "served_accuracy": 0.98765, "speedup_b32_vs_default_eager": 3.14159, "speedup_b32_vs_default_eager_low": 2.5,
+        "speedup_b32_vs_default_eager_high": 3.9,
+    }  # fmt: skip
+    assert reports.headline(report, 32)["speedup_b32_vs_default_eager"] == 3.14
+    assert reports.headline({**report, "headline": None}, 32)["speedup_b32_vs_default_eager"] == 3.33
+
+    for r in [*results, chosen]:
+        r["metrics"]["throughput_b64"] = r["metrics"].pop("throughput_b32")
+    report["headline"] = {**rounds, "batch": 64}
+    assert reports.served_headline(report, manifest, result) == {
+        "served_p50_ms": 1.0,
+        "served_p99_ms": 2.5,
+        "served_size_bytes": 1024.0,
+        "served_accuracy": 0.98765,
+    }
+    out = reports.headline(report, 64)
+    assert out["served_throughput_b64"] == 10001.0 and out["speedup_b64_vs_default_eager"] == 3.14
+
+
+def test_the_stage_completes_when_no_batch_of_32_is_timed(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmark.batch_sizes: [64]: the reports, the choice and the headline are at batch 64; the stage no longer
+    fails after writing its reports for want of a batch-32 figure."""
+    import shutil
+
+    import yaml
+
+    from pipeline.config import parse_params
+    from pipeline.stages import benchmark
+
+    work = tmp_path / "project"
+    shutil.copytree(tiny_project, work, symlinks=True)
+    raw = yaml.safe_load((work / "params.yaml").read_text())
+    raw["benchmark"] = {"threads": [0], "batch_sizes": [64], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1,
+                        "backends": ["onnxruntime", "torch-eager"], "max_accuracy_drop": 0.05, "headline_rounds": 1,
+                        "profile": False}  # fmt: skip
+    logged: list[dict[str, float]] = []
+    monkeypatch.setattr(
+        benchmark, "served_headline", lambda *a: logged.append(reports.served_headline(*a)) or logged[-1]
+    )
+    monkeypatch.chdir(work)
+    benchmark.run(parse_params(raw))
+
+    metrics = json.loads(Path("reports/benchmark/metrics.json").read_text())
+    assert metrics["served_throughput_b64"] > 0 and metrics["headline_rounds"] == 1
+    assert metrics["speedup_b64_vs_default_eager"] > 0 and "b32" not in "".join(metrics)
+    assert "| img/s b64 |" in Path("reports/benchmark/table.md").read_text()
+    assert json.loads(Path("models/serving.json").read_text())["metrics"]["throughput_b64"] > 0
+    assert len(logged) == 1 and logged[0]["served_p50_ms"] > 0 and not any("b32" in name for name in logged[0])
 
 
 def test_per_variant_table_rates_each_variant_against_default_eager_and_the_roofline() -> None:
@@ -204,7 +275,7 @@ def test_per_variant_table_rates_each_variant_against_default_eager_and_the_roof
         ],
         "sgemm_gmacs": {"torch.mm": 50.0, "onnxruntime MatMul": 100.0},  # the faster is the roofline
     }  # fmt: skip
-    rows = {line.split(" | ")[0]: line for line in benchmark.per_variant_table(report, 32) if line.startswith("| ")}
+    rows = {line.split(" | ")[0]: line for line in reports.per_variant_table(report, 32) if line.startswith("| ")}
     # fastest all-core setup; 15,000 img/s x 20 M MACs = 300 GMAC/s = 3x the fp32 sgemm rate (int8 can pass it)
     assert rows["| pruned-int8-onnx"] == (
         "| pruned-int8-onnx | 20.0 M | 221,123 | 1.0 KiB | 0.9900 | onnxruntime / default | 1.000 | 15,000 | – | "
@@ -213,7 +284,7 @@ def test_per_variant_table_rates_each_variant_against_default_eager_and_the_roof
     assert "| 2.50× | 200.0 | 200 % |" in rows["| fp32-onnx"] and "| 1.00× | 80.0 | 80 % |" in rows["| fp32"]
     assert rows["| student"].endswith("not timed | | | | | | |")
     assert rows["| roofline: fp32 sgemm"].endswith("| onnxruntime MatMul / all cores | – | – | – | – | 100.0 | 100 % |")
-    assert benchmark.per_variant_table({"results": results}, 32) == []  # older reports: no table
+    assert reports.per_variant_table({"results": results}, 32) == []  # older reports: no table
 
 
 def test_variant_macs_follow_the_source_chain() -> None:
@@ -223,7 +294,7 @@ def test_variant_macs_follow_the_source_chain() -> None:
     variants = [v("fp32", macs=100), v("bf16", "fp32"), v("fp32-onnx", "fp32"), v("int8-onnx", "fp32-onnx"),
                 v("int8-pt2e", "fp32"), v("pruned", macs=30), v("pruned-int8-onnx", "pruned-onnx"), v("pruned-onnx", "pruned"),
                 v("orphan", "missing"), v("loop", "loop")]  # fmt: skip
-    macs = {x.name: benchmark.variant_macs(x, variants) for x in variants}
+    macs = {x.name: reports.variant_macs(x, variants) for x in variants}
     assert macs == {"fp32": 100, "bf16": 100, "fp32-onnx": 100, "int8-onnx": 100, "int8-pt2e": 100, "pruned": 30,
                     "pruned-int8-onnx": 30, "pruned-onnx": 30, "orphan": None, "loop": None}  # fmt: skip
 
@@ -232,7 +303,7 @@ def test_no_servable_variant_is_said_plainly() -> None:
     """efficientnet_b0 after one epoch: no ONNX variant passed optimize's gates, only torch ones shipped. The
     benchmark says that, with optimize's reasons, rather than that no setup passed its own accuracy gate."""
     from pipeline.artifacts.variants import Variant
-    from pipeline.stages.benchmark import no_servable_setup
+    from pipeline.benchmarking.choice import no_servable_setup
 
     def variant(name: str, fmt: str, runtimes: list[str], reason: str = "") -> Variant:
         return Variant(
