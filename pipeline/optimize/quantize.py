@@ -103,8 +103,10 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-QUANTIZED_OPS = ("Conv", "Gemm", "MatMul", "Relu", "MaxPool")
-"""The ONNX ops made int8 (with the Q/DQ pairs around them); everything else runs in fp32."""
+QUANTIZED_OPS = ("Conv", "Gemm", "MatMul", "Relu", "Clip", "MaxPool")
+"""The ONNX ops made int8 (with the Q/DQ pairs around them); everything else runs in fp32. `Clip` (ReLU6, as in
+EfficientNet-Lite and MobileNet) folds into its convolution's output range: without it each convolution's
+unbounded output was quantized before the clip, which cost the depthwise networks most of their int8 accuracy."""
 
 
 class _Reader:

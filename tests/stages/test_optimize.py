@@ -660,3 +660,38 @@ def test_int8_onnx_quantizes_the_layers_and_keeps_the_networks_own_arithmetic_in
             assert "DequantizeLinear" not in sources, (node.op_type, sources)
         if node.op_type in {"Conv", "Gemm"}:
             assert set(sources) == {"DequantizeLinear"}, (node.op_type, sources)
+
+
+def test_int8_onnx_folds_relu6_into_the_convolutions_output_range(workdir: Path) -> None:
+    """A depthwise ReLU6 network (EfficientNet-Lite's, MobileNet's blocks): each Clip is folded into the quantized
+    range of the convolution before it, so no unbounded convolution output is quantized before its clip, and the
+    int8 copy agrees with fp32 on the calibration-like images."""
+    import onnx
+    import onnxruntime as ort
+
+    from pipeline.optimize import export, quantize
+
+    torch.manual_seed(0)
+
+    def block(cin: int, cout: int, groups: int = 1) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, 3, padding=1, groups=groups, bias=False), nn.BatchNorm2d(cout), nn.ReLU6()]
+
+    model = nn.Sequential(
+        *block(3, 16), *block(16, 16, groups=16), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(32, 5),
+    ).eval()  # fmt: skip
+    for bn in (m for m in model if isinstance(m, nn.BatchNorm2d)):  # statistics of a trained network, not identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.05, 0.5)
+    export.export_onnx(model, workdir / "fp32.onnx", 32)
+    images = np.random.default_rng(0).random((256, 3, 32, 32), dtype=np.float32)
+    quantize.quantize_onnx(workdir / "fp32.onnx", images[:128], workdir / "int8.onnx")
+    ops = [node.op_type for node in onnx.load(str(workdir / "int8.onnx")).graph.node]
+    assert "Clip" in {n.op_type for n in onnx.load(str(workdir / "fp32.onnx")).graph.node}
+    assert "Clip" not in ops and "QuantizeLinear" in ops, ops
+
+    def top1(path: Path) -> np.ndarray:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(None, {session.get_inputs()[0].name: images})[0].argmax(1)
+
+    assert (top1(workdir / "int8.onnx") == top1(workdir / "fp32.onnx")).mean() >= 0.95
