@@ -2,7 +2,7 @@
 
     uv run python -m benchmarks drift [--repeats 7] [--calls 20000]
 
-Times exactly what the server runs per answered request (pipeline/serve/app.py `run_model`: add_outputs,
+Times exactly what the server runs per answered request (pipeline/serve/inference.py `run_model`: add_outputs,
 add_images, add_sizes) on realistic inputs — 1 and 8 images a request, 32 and 224 px, 43 classes — for the
 one-worker path (`SignalCounts` + a custom collector) and the several-workers path (`PrometheusSignals`:
 prometheus_client's multiprocess metrics, in a temporary PROMETHEUS_MULTIPROC_DIR), and one scrape of /metrics'

@@ -31,7 +31,7 @@ from pipeline.errors import StageError
 from pipeline.serve.client import encode, http, multipart, top1
 
 REPORT_DIR = REPORTS_DIR / "monitor"
-COUNTERS = ("inference_requests", "inference_errors")  # the server's Prometheus counters (pipeline/serve/app.py)
+COUNTERS = ("inference_requests", "inference_errors")  # the server's Prometheus counters (pipeline/serve/metrics.py)
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Per request: an id, one structured access-log line, and optional bearer-token auth, as one ASGI middleware.
+"""Per request: an id, one structured access-log line, and the bearer token's check (auth.py), as one ASGI middleware
+for every request the inference routes' HotPath does not answer itself; HotPath reads the same headers
+(`RequestHeaders`) and writes the same line (`log_exchange`).
 
 - Request id: the client's `X-Request-ID` when it is a sane token (1-128 of `A-Za-z0-9._:-`), else a new one;
   echoed in every answer's `X-Request-ID` header (errors included) and in the log line, so a client's report
@@ -8,10 +10,8 @@
   `access_log ... buffer= flush=` does: one logging record (and one write) when FLUSH_LINES are waiting or
   FLUSH_S after the first of them, and at shutdown; a record and a write per request cost 5 % of a request's CPU.
   A kill -9 loses at most the last FLUSH_S of lines.
-- Auth: when the environment variable named by `serve.auth_token_env` (default PIPELINE_SERVE_TOKEN) holds a
-  token, the inference and model routes need `Authorization: Bearer <token>` (401 otherwise, compared in
-  constant time); health, readiness and /metrics stay open for probes and Prometheus. The token never comes
-  from params.yaml, so it is never in git.
+- Auth: auth.BearerAuth (the inference and model routes need the token when one is set; health, readiness and
+  /metrics stay open); its refusal, a 401, is rendered by refusal.py as every refusal is.
 """
 
 from __future__ import annotations
@@ -23,19 +23,21 @@ import os
 import re
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline.serve.guard import Guard
+from pipeline.serve.auth import BearerAuth, Unauthorized
+from pipeline.serve.auth import is_open as is_open  # where the probes' paths were always looked up
+from pipeline.serve.refusal import send_refusal
 
 ACCESS_LOG = logging.getLogger("pipeline.access")
 PID = os.getpid()
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-OPEN_PATHS = ("/v2/health/", "/metrics", "/docs", "/openapi.json")
 FLUSH_S = 0.2
 FLUSH_LINES = 256
-UNAUTHORIZED_BODY = b'{"error":"missing or wrong bearer token (Authorization: Bearer ...)"}'
 _pending: list[str] = []
 
 
@@ -81,16 +83,51 @@ def flush_access_log() -> None:
 atexit.register(flush_access_log)  # runs before logging's own shutdown (registered earlier, run later)
 
 
-def is_open(path: str) -> bool:
-    return path.startswith(OPEN_PATHS) or path == "/v2"
+@dataclass(slots=True)  # not frozen: built once per request, and frozen init costs a setattr per field
+class RequestHeaders:
+    """The request headers the request rules read, in one pass (the last of a repeated one)."""
+
+    content_type: bytes = b""
+    length: int = -1
+    request_id: bytes = b""
+    authorization: bytes = b""
+    binary: bytes = b""
+
+    @classmethod
+    def of(cls, raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
+        found: dict[str, Any] = {}
+        for key, value in raw:
+            name = _HEADER_FIELDS.get(key)
+            if name is not None:
+                found[name] = value
+        if "length" in found:
+            found["length"] = int(found["length"]) if found["length"].isdigit() else -1
+        return cls(**found)
+
+
+_HEADER_FIELDS = {
+    b"content-type": "content_type",
+    b"content-length": "length",
+    b"x-request-id": "request_id",
+    b"authorization": "authorization",
+    b"inference-header-content-length": "binary",
+}
+
+
+def log_exchange(scope: Scope, rid: str, status: int, seconds: float, sent: int) -> None:
+    """An HTTP request's access-log line."""
+    client = scope.get("client")
+    log_request(
+        rid, scope["method"], scope["path"], status, seconds, f"{client[0]}:{client[1]}" if client else None, sent
+    )
 
 
 class RequestContext:
-    """Every request that is not HotPath's: its request id, the guard's token check, its access-log line."""
+    """Every request that is not HotPath's: its request id, the auth scheme's check, its access-log line."""
 
-    def __init__(self, app: ASGIApp, guard: Guard, access_log: bool) -> None:
+    def __init__(self, app: ASGIApp, auth: BearerAuth, access_log: bool) -> None:
         self.app = app
-        self.guard = guard
+        self.auth = auth
         self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,14 +135,8 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        given = b""
-        authorization = b""
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                given = value
-            elif name == b"authorization":
-                authorization = value
-        rid = request_id(given.decode("latin-1"))
+        headers = RequestHeaders.of(scope["headers"])
+        rid = request_id(headers.request_id.decode("latin-1"))
         scope.setdefault("state", {})["request_id"] = rid
         header = (b"x-request-id", rid.encode())
         status, sent = 0, 0
@@ -120,31 +151,12 @@ class RequestContext:
             await send(message)
 
         try:
-            if not is_open(scope["path"]) and not self.guard.authorized(authorization):
-                body = UNAUTHORIZED_BODY
-                await send_with_id(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b'Bearer realm="inference"'),
-                        ],
-                    }
-                )
-                await send_with_id({"type": "http.response.body", "body": body})
+            try:
+                self.auth.check_path(scope["path"], headers.authorization)
+            except Unauthorized as refusal:
+                await send_refusal(send_with_id, refusal)
                 return
             await self.app(scope, receive, send_with_id)
         finally:
             if self.access_log:
-                client = scope.get("client")
-                log_request(
-                    rid,
-                    scope["method"],
-                    scope["path"],
-                    status or 500,
-                    time.perf_counter() - started,
-                    f"{client[0]}:{client[1]}" if client else None,
-                    sent,
-                )
+                log_exchange(scope, rid, status or 500, time.perf_counter() - started, sent)

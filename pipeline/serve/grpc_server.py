@@ -1,23 +1,21 @@
 """Open Inference Protocol v2 over gRPC (`serve.grpc_port`), the service Triton's and KServe's gRPC clients call:
 `inference.GRPCInferenceService` with ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and
 ModelInfer. It runs in the HTTP server's process and event loop and calls the same inference path as REST
-(`infer_outputs` in app.py: the same parsing, decoding, batcher and model), so the two protocols cannot drift.
+(`Inference.infer_outputs` in inference.py: the same parsing, decoding, batcher and model), so the two protocols cannot drift.
 
 - Inputs: FP32 / UINT8 pixels or BYTES image files, in `raw_input_contents` (what tritonclient sends) or typed
   `contents`; outputs always as `raw_output_contents` (little-endian, as clients expect).
 - Errors are gRPC status codes with the REST path's message: 400/422 -> INVALID_ARGUMENT, 413 -> RESOURCE_EXHAUSTED, 401 ->
   UNAUTHENTICATED, 404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED; nothing becomes UNKNOWN.
-- Auth: with a token set, ModelInfer and the metadata RPCs need `authorization: Bearer <token>` metadata; the
-  health RPCs stay open, as on REST.
+- Auth: the HTTP server's scheme (auth.BearerAuth): with a token set, ModelInfer and the metadata RPCs need
+  `authorization: Bearer <token>` metadata; the health RPCs stay open, as on REST.
 - Request id: the request's `id`, else the `x-request-id` metadata when sane, else a new one; answered in the
   response's `id` and as `x-request-id` initial metadata; one access-log line per call (path `grpc:<RPC>`).
 """
 
 from __future__ import annotations
 
-import hmac
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +26,13 @@ from starlette.exceptions import HTTPException
 
 from pipeline.config import ServeConfig
 from pipeline.serve.access import log_request, request_id
+from pipeline.serve.auth import BearerAuth
+from pipeline.serve.metrics import Metrics
 from pipeline.serve.oip import predict_v2_pb2 as pb
 from pipeline.serve.protocol import InferRequest, RequestedOutput, TensorInput
+from pipeline.serve.refusal import internal_error
 
 SERVICE = "inference.GRPCInferenceService"
-OPEN_RPCS = ("ServerLive", "ServerReady", "ModelReady")
 _STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -42,6 +42,7 @@ _STATUS_CODES = {
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    500: grpc.StatusCode.INTERNAL,
 }
 _DATATYPES = {np.dtype("<f4"): "FP32", np.dtype("<i8"): "INT64"}
 
@@ -57,8 +58,8 @@ class OipCore:
     check_model: Callable[..., None]  # (name, version=None); raises HTTPException(404)
     metadata: Callable[[], dict[str, Any]]
     infer: Callable[[InferRequest, bytes], Awaitable[dict[str, np.ndarray]]]
-    token: str | None
-    metrics: Any  # app.Metrics
+    auth: BearerAuth
+    metrics: Metrics
 
 
 def _parameter(value: pb.InferParameter) -> Any:
@@ -111,7 +112,6 @@ def to_infer_request(request: pb.ModelInferRequest) -> tuple[InferRequest, bytes
 class Service:
     def __init__(self, core: OipCore) -> None:
         self.core = core
-        self.token = f"Bearer {core.token}" if core.token else None
 
     def handler(self) -> grpc.GenericRpcHandler:
         rpcs: dict[str, tuple[Callable[[Any, Any], Awaitable[Any]], type[Any]]] = {
@@ -141,33 +141,23 @@ class Service:
         route = f"grpc:{name}"
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = time.perf_counter()
             metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
             rid = request_id(getattr(request, "id", "") or metadata.get("x-request-id", ""))
             await context.send_initial_metadata((("x-request-id", rid),))
             status = 200
-            metrics.in_flight.inc()
+            started = metrics.begin()
             try:
-                if (
-                    self.token is not None
-                    and name not in OPEN_RPCS
-                    and not hmac.compare_digest(metadata.get("authorization", ""), self.token)
-                ):
-                    raise HTTPException(401, "missing or wrong bearer token (authorization: Bearer ...)")
+                self.core.auth.check_rpc(name, metadata)
                 return await method(request, rid)
-            except HTTPException as exc:
-                status = exc.status_code
-                code = _STATUS_CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT)
-                await context.abort(code, str(exc.detail))
-            except Exception as exc:  # never a bare UNKNOWN with a traceback
+            except Exception as exc:  # a refusal as its status code; never a bare UNKNOWN with a traceback
                 if isinstance(exc, grpc.aio.AbortError):
                     raise
-                status = 500
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+                refusal = exc if isinstance(exc, HTTPException) else internal_error(exc)
+                status = refusal.status_code
+                code = _STATUS_CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT)
+                await context.abort(code, str(refusal.detail))
             finally:
-                metrics.in_flight.dec()
-                seconds = time.perf_counter() - started
-                metrics.record(route, status, seconds)
+                seconds = metrics.end(route, status, started)
                 if self.core.config.access_log:
                     log_request(rid, "GRPC", route, status, seconds, context.peer())
 

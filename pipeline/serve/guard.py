@@ -1,18 +1,20 @@
-"""The server's request protections, one implementation: the bearer token (compared in constant time), the body's
-size (by Content-Length up front, and while it streams) and its deadline (one timer for the whole body).
+"""The server's request rules, one implementation: the bearer token (auth.BearerAuth), the body's size (by
+Content-Length up front, and while it streams) and its deadline (one timer for the whole body).
 
-Two layers apply them, each to its own requests: `app.HotPath` inline on the inference routes (POST /v1/predict,
+Two layers apply them, each to its own requests: `hotpath.HotPath` inline on the inference routes (POST /v1/predict,
 /v2/models/{name}[/versions/{version}]/infer), and the middleware stack on every other request (`access.RequestContext`:
-the token; `BodyLimit` below: size and deadline). Either way a refusal is the same answer: 401, 413, 408 + close."""
+the token; `BodyLimit` below: size and deadline); gRPC checks the same token. Either way a refusal is the same
+exception, rendered by refusal.py into the same answer: 401, 413, 408 + close."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pipeline.serve.auth import BearerAuth
+from pipeline.serve.refusal import send_refusal
 
 
 def body_timeout_message(timeout_s: float) -> str:
@@ -35,17 +37,13 @@ class ClientGone(Exception):
 
 
 class Guard:
-    """The token (from the variable serve.auth_token_env names), serve.max_body_bytes and serve.body_timeout_s, as
-    checks both layers call."""
+    """The auth scheme (the token from the variable serve.auth_token_env names), serve.max_body_bytes and
+    serve.body_timeout_s, as checks both layers call."""
 
-    def __init__(self, token: str | None, max_body_bytes: int, body_timeout_s: float) -> None:
-        self.expected = f"Bearer {token}".encode() if token else None
+    def __init__(self, auth: BearerAuth, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.auth = auth
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
-
-    def authorized(self, authorization: bytes) -> bool:
-        """The request's Authorization header is the token's (always, when no token is set)."""
-        return self.expected is None or hmac.compare_digest(authorization, self.expected)
 
     def check_length(self, content_length: int) -> None:
         """Raises BodyTooLarge for a declared length over the limit (-1: none declared)."""
@@ -116,7 +114,7 @@ class BodyLimit:
             if key == b"content-length" and value.isdigit():
                 try:
                     self.guard.check_length(int(value))
-                except BodyTooLarge as exc:
-                    await JSONResponse({"error": exc.detail}, status_code=413)(scope, receive, send)
+                except BodyTooLarge as refusal:
+                    await send_refusal(send, refusal)
                     return
         await self.app(scope, self.guard.limited(receive), send)

@@ -1,7 +1,10 @@
-"""The real server process over HTTP on loopback: both APIs, tritonclient, bad input, batching, drain."""
+"""The server over HTTP: both APIs, tritonclient, bad input, batching, drain. What only a real process shows (real
+clients on a socket, keep-alive connections, memory, signals) runs against `pipeline serve` on loopback; the rest runs
+the app in this process (tests/serve/inprocess.py), on the fake model where the answers' numbers do not matter."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -9,8 +12,10 @@ import signal
 import struct
 import time
 import zlib
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -18,6 +23,8 @@ import pytest
 from PIL import Image
 
 from tests.helpers.server import Server, start_server
+from tests.serve.inprocess import MAX_BODY, SIZE, fake_model, served
+from tests.serve.inprocess import png as fake_png
 
 
 def png(pixels: np.ndarray) -> bytes:
@@ -26,18 +33,20 @@ def png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def test_health_and_metadata(server: Server) -> None:
-    assert httpx.get(f"{server.url}/v2/health/live").json() == {"live": True}
-    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
-    meta = httpx.get(f"{server.url}/v2/models/signs").json()
-    size = server.image_size
-    assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, size, size]}]
-    assert {o["name"] for o in meta["outputs"]} == {"probabilities", "class_id"}
-    assert len(meta["parameters"]["classes"]) == 43
-    assert httpx.get(f"{server.url}/v2/models/signs/ready").status_code == 200
-    spec = httpx.get(f"{server.url}/openapi.json").json()["paths"]
-    assert {"400", "408", "413", "415", "503", "504"} <= set(spec["/v1/predict"]["post"]["responses"])
-    assert {"400", "404", "413", "503"} <= set(spec["/v2/models/{name}/infer"]["post"]["responses"])
+def test_health_and_metadata() -> None:
+    async def scenario(client: httpx.AsyncClient) -> None:
+        assert (await client.get("/v2/health/live")).json() == {"live": True}
+        assert (await client.get("/v2/health/ready")).status_code == 200
+        meta = (await client.get("/v2/models/signs")).json()
+        assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, SIZE, SIZE]}]
+        assert {o["name"] for o in meta["outputs"]} == {"probabilities", "class_id"}
+        assert len(meta["parameters"]["classes"]) == 43
+        assert (await client.get("/v2/models/signs/ready")).status_code == 200
+        spec = (await client.get("/openapi.json")).json()["paths"]
+        assert {"400", "408", "413", "415", "503", "504"} <= set(spec["/v1/predict"]["post"]["responses"])
+        assert {"400", "404", "413", "503"} <= set(spec["/v2/models/{name}/infer"]["post"]["responses"])
+
+    served(scenario)
 
 
 def test_oip_json_tensor_matches_the_runtime(server: Server) -> None:
@@ -143,50 +152,24 @@ def test_uint8_pixels_give_the_fp32_answer_with_a_quarter_of_the_bytes(server: S
     assert answer.status_code == 400 and "0..255" in answer.json()["error"]
 
 
-def test_versioned_routes_serve_only_this_version(server: Server) -> None:
-    meta = httpx.get(f"{server.url}/v2/models/signs").json()
-    (version,) = meta["versions"]
-    assert httpx.get(f"{server.url}/v2/models/signs/versions/{version}").json()["name"] == "signs"
-    assert httpx.get(f"{server.url}/v2/models/signs/versions/{version}/ready").status_code == 200
-    tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
-              "data": [base64.b64encode(png(server.test_images[0])).decode()]}  # fmt: skip
-    answer = httpx.post(f"{server.url}/v2/models/signs/versions/{version}/infer", json={"inputs": [tensor]})
-    assert answer.status_code == 200 and answer.json()["model_version"] == version
-    wrong = httpx.post(f"{server.url}/v2/models/signs/versions/nope/infer", json={"inputs": [tensor]})
-    assert wrong.status_code == 404 and "unknown version 'nope'" in wrong.json()["error"]
+def test_versioned_routes_serve_only_this_version() -> None:
+    async def scenario(client: httpx.AsyncClient) -> None:
+        meta = (await client.get("/v2/models/signs")).json()
+        (version,) = meta["versions"]
+        assert (await client.get(f"/v2/models/signs/versions/{version}")).json()["name"] == "signs"
+        assert (await client.get(f"/v2/models/signs/versions/{version}/ready")).status_code == 200
+        tensor = {
+            "name": "image_files",
+            "shape": [1],
+            "datatype": "BYTES",
+            "data": [base64.b64encode(fake_png()).decode()],
+        }
+        answer = await client.post(f"/v2/models/signs/versions/{version}/infer", json={"inputs": [tensor]})
+        assert answer.status_code == 200 and answer.json()["model_version"] == version
+        wrong = await client.post("/v2/models/signs/versions/nope/infer", json={"inputs": [tensor]})
+        assert wrong.status_code == 404 and "unknown version 'nope'" in wrong.json()["error"]
 
-
-def test_request_ids_auth_and_the_access_log(models_dir: Path, tmp_path: Path) -> None:
-    """With a token in the environment: inference and model routes need it (401 otherwise), health and /metrics
-    do not; every answer carries X-Request-ID (the client's if sane, else a new one), OIP answers their id;
-    each request is one JSON line in the access log."""
-    log = tmp_path / "access.log"
-    running = start_server(models_dir, tmp_path, {}, env={"PIPELINE_SERVE_TOKEN": "s3cret-token"}, stdout=log)
-    try:
-        url, auth = running.url, {"Authorization": "Bearer s3cret-token"}
-        files = {"files": ("a.png", png(running.test_images[0]), "image/png")}
-        refused = httpx.post(f"{url}/v1/predict", files=files, headers={"X-Request-ID": "client-42"})
-        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
-        assert refused.headers["x-request-id"] == "client-42"
-        wrong = httpx.get(f"{url}/v2/models/signs", headers={"Authorization": "Bearer s3cret-tokeN"})
-        assert wrong.status_code == 401
-        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
-        assert httpx.get(f"{url}/metrics").status_code == 200
-        ok = httpx.post(f"{url}/v1/predict", files=files, headers={**auth, "X-Request-ID": "client-43"})
-        assert ok.status_code == 200 and ok.headers["x-request-id"] == "client-43"
-        hostile = httpx.post(f"{url}/v1/predict", files=files, headers={**auth, "X-Request-ID": "a b\tc" * 40})
-        assert hostile.status_code == 200 and len(hostile.headers["x-request-id"]) == 32  # replaced, not echoed
-        tensor = {"name": "image_files", "shape": [1], "datatype": "BYTES",
-                  "data": [base64.b64encode(png(running.test_images[0])).decode()]}  # fmt: skip
-        oip = httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [tensor]}, headers=auth)
-        assert oip.status_code == 200 and oip.json()["id"] == oip.headers["x-request-id"]
-    finally:
-        running.stop()
-    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    by_id = {line["request_id"]: line for line in lines}
-    assert by_id["client-42"]["status"] == 401 and by_id["client-43"]["status"] == 200
-    assert by_id["client-43"]["path"] == "/v1/predict" and by_id["client-43"]["ms"] > 0
-    assert "s3cret-token" not in log.read_text()
+    served(scenario)
 
 
 def test_original_files_through_the_api_give_optimizes_served_answers_file_for_file(
@@ -275,48 +258,56 @@ def _huge_png_header() -> bytes:
 HEIC_HEAD = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64)
 
 
-def test_bad_input_is_a_clear_4xx_and_the_server_survives(server: Server) -> None:
-    url = server.url
-    good = png(server.test_images[0])
-    size = server.image_size
-    cases: list[tuple[str, httpx.Response, int, str]] = [
-        ("no content type", httpx.post(f"{url}/v1/predict", content=b"abc"), 415, "unsupported content type"),
-        ("text body", httpx.post(f"{url}/v1/predict", content=b"abc", headers={"content-type": "text/plain"}), 415, "text/plain"),
-        ("garbage image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"not an image")}), 400, "image 0: not an image in an accepted format"),
-        ("truncated image", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", good[: len(good) // 2])}), 400, "image 0"),
-        ("a phone's HEIC", httpx.post(f"{url}/v1/predict", files={"files": ("x.heic", HEIC_HEAD)}), 415, "HEIC/HEIF is not a supported image format (supported: PNG, JPEG"),
-        ("huge dimensions", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", _huge_png_header())}), 400, "larger than"),
-        ("oversized body", httpx.post(f"{url}/v1/predict", files={"files": ("x.png", b"0" * (server.max_body + 1))}), 413, "larger than"),
-        ("no files", httpx.post(f"{url}/v1/predict", files={"note": (None, "hello")}), 400, "no image files"),
-        ("malformed multipart", httpx.post(f"{url}/v1/predict", content=b"--xyz\r\nContent-Disposition: form-data; filename=\"a.png\"\r\n\r\n" + good + b"\r\n--xyz--\r\n", headers={"content-type": "multipart/form-data; boundary=xyz"}), 400, "\"name\" must be provided"),
-        ("form-urlencoded", httpx.post(f"{url}/v1/predict", data={"a": "b"}), 415, "x-www-form-urlencoded"),
-        ("bad json", httpx.post(f"{url}/v1/predict", content=b"{", headers={"content-type": "application/json"}), 400, "invalid request"),
-        ("bad base64", httpx.post(f"{url}/v1/predict", json={"images": ["%%%"]}), 400, "not valid base64"),
-        ("bad box", httpx.post(f"{url}/v1/predict", json={"images": [{"data": base64.b64encode(good).decode(), "box": [9, 9, 1, 1]}]}), 400, "invalid ROI"),
-        ("unknown model", httpx.post(f"{url}/v2/models/nope/infer", json={"inputs": []}), 404, "unknown model"),
-        ("no inputs", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": []}), 400, "inputs"),
-        ("wrong shape", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}), 400, f"[N, 3, {size}, {size}]"),
-        ("wrong count", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": [0.0]}]}), 400, "needs"),
-        ("wrong dtype", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1]}]}), 400, "datatype must be"),
-        ("strings as numbers", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": ["a"] * (3 * size * size)}]}), 400, "numbers"),
-        ("bad binary header", httpx.post(f"{url}/v2/models/signs/infer", content=b"{}", headers={"Inference-Header-Content-Length": "999"}), 400, "does not fit"),
-        ("unknown output", httpx.post(f"{url}/v2/models/signs/infer", json={"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(good).decode()]}], "outputs": [{"name": "nope"}]}), 400, "unknown output"),
-        ("metadata of unknown model", httpx.get(f"{url}/v2/models/nope"), 404, "unknown model"),
+def test_bad_input_is_a_clear_4xx_and_the_server_survives() -> None:
+    good = fake_png(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
+    size = SIZE
+    b64 = base64.b64encode(good).decode()
+    cases: list[tuple[str, str, str, dict[str, Any], int, str]] = [
+        ("no content type", "POST", "/v1/predict", {"content": b"abc"}, 415, "unsupported content type"),
+        ("text body", "POST", "/v1/predict", {"content": b"abc", "headers": {"content-type": "text/plain"}}, 415, "text/plain"),
+        ("garbage image", "POST", "/v1/predict", {"files": {"files": ("x.png", b"not an image")}}, 400, "image 0: not an image in an accepted format"),
+        ("truncated image", "POST", "/v1/predict", {"files": {"files": ("x.png", good[: len(good) // 2])}}, 400, "image 0"),
+        ("a phone's HEIC", "POST", "/v1/predict", {"files": {"files": ("x.heic", HEIC_HEAD)}}, 415, "HEIC/HEIF is not a supported image format (supported: PNG, JPEG"),
+        ("huge dimensions", "POST", "/v1/predict", {"files": {"files": ("x.png", _huge_png_header())}}, 400, "larger than"),
+        ("oversized body", "POST", "/v1/predict", {"files": {"files": ("x.png", b"0" * (MAX_BODY + 1))}}, 413, "larger than"),
+        ("no files", "POST", "/v1/predict", {"files": {"note": (None, "hello")}}, 400, "no image files"),
+        ("malformed multipart", "POST", "/v1/predict", {"content": b"--xyz\r\nContent-Disposition: form-data; filename=\"a.png\"\r\n\r\n" + good + b"\r\n--xyz--\r\n", "headers": {"content-type": "multipart/form-data; boundary=xyz"}}, 400, "\"name\" must be provided"),
+        ("form-urlencoded", "POST", "/v1/predict", {"data": {"a": "b"}}, 415, "x-www-form-urlencoded"),
+        ("bad json", "POST", "/v1/predict", {"content": b"{", "headers": {"content-type": "application/json"}}, 400, "invalid request"),
+        ("bad base64", "POST", "/v1/predict", {"json": {"images": ["%%%"]}}, 400, "not valid base64"),
+        ("bad box", "POST", "/v1/predict", {"json": {"images": [{"data": b64, "box": [9, 9, 1, 1]}]}}, 400, "invalid ROI"),
+        ("unknown model", "POST", "/v2/models/nope/infer", {"json": {"inputs": []}}, 404, "unknown model"),
+        ("no inputs", "POST", "/v2/models/signs/infer", {"json": {"inputs": []}}, 400, "inputs"),
+        ("wrong shape", "POST", "/v2/models/signs/infer", {"json": {"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}}, 400, f"[N, 3, {size}, {size}]"),
+        ("wrong count", "POST", "/v2/models/signs/infer", {"json": {"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": [0.0]}]}}, 400, "needs"),
+        ("wrong dtype", "POST", "/v2/models/signs/infer", {"json": {"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1]}]}}, 400, "datatype must be"),
+        ("strings as numbers", "POST", "/v2/models/signs/infer", {"json": {"inputs": [{"name": "x", "shape": [1, 3, size, size], "datatype": "FP32", "data": ["a"] * (3 * size * size)}]}}, 400, "numbers"),
+        ("bad binary header", "POST", "/v2/models/signs/infer", {"content": b"{}", "headers": {"Inference-Header-Content-Length": "999"}}, 400, "does not fit"),
+        ("unknown output", "POST", "/v2/models/signs/infer", {"json": {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [b64]}], "outputs": [{"name": "nope"}]}}, 400, "unknown output"),
+        ("metadata of unknown model", "GET", "/v2/models/nope", {}, 404, "unknown model"),
     ]  # fmt: skip
-    for name, reply, status, fragment in cases:
-        assert reply.status_code == status, f"{name}: {reply.status_code} {reply.text}"
-        assert fragment in reply.json()["error"], f"{name}: {reply.text}"
-    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
-    assert httpx.post(f"{url}/v1/predict", files={"files": ("ok.png", good)}).status_code == 200
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        for name, method, path, kwargs, status, fragment in cases:
+            reply = await client.request(method, path, **kwargs)
+            assert reply.status_code == status, f"{name}: {reply.status_code} {reply.text}"
+            assert fragment in reply.json()["error"], f"{name}: {reply.text}"
+        assert (await client.get("/v2/health/ready")).status_code == 200
+        assert (await client.post("/v1/predict", files={"files": ("ok.png", good)})).status_code == 200
+
+    served(scenario)
 
 
-def test_chunked_oversized_body_is_refused(server: Server) -> None:
-    def chunks():  # no Content-Length: the limit applies while streaming
+def test_chunked_oversized_body_is_refused() -> None:
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the limit applies while streaming
         for _ in range(10):
-            yield b"x" * (server.max_body // 4)
+            yield b"x" * (MAX_BODY // 4)
 
-    reply = httpx.post(f"{server.url}/v1/predict", content=chunks(), headers={"content-type": "application/json"})
-    assert reply.status_code == 413
+    async def scenario(client: httpx.AsyncClient) -> int:
+        reply = await client.post("/v1/predict", content=chunks(), headers={"content-type": "application/json"})
+        return reply.status_code
+
+    assert served(scenario) == 413
 
 
 def _metric(text: str, name: str) -> float:
@@ -327,17 +318,18 @@ def _metric(text: str, name: str) -> float:
     )
 
 
-def test_concurrent_requests_are_batched(server: Server) -> None:
-    before = httpx.get(f"{server.url}/metrics").text
-    data = png(server.test_images[0])
+def test_concurrent_requests_are_batched() -> None:
+    data = fake_png()
 
-    def one(_: int) -> int:
-        return httpx.post(f"{server.url}/v1/predict", files={"files": ("a.png", data)}, timeout=30).status_code
+    async def scenario(client: httpx.AsyncClient) -> tuple[list[int], str, str]:
+        before = (await client.get("/metrics")).text
+        replies = await asyncio.gather(
+            *(client.post("/v1/predict", files={"files": ("a.png", data)}) for _ in range(128))
+        )
+        return [r.status_code for r in replies], before, (await client.get("/metrics")).text
 
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        statuses = list(pool.map(one, range(128)))
+    statuses, before, after = served(scenario, fake_model(batch_delay_s=0.005))
     assert statuses == [200] * 128
-    after = httpx.get(f"{server.url}/metrics").text
     images = _metric(after, "inference_batch_size_sum") - _metric(before, "inference_batch_size_sum")
     batches = _metric(after, "inference_batch_size_count") - _metric(before, "inference_batch_size_count")
     assert images == 128
@@ -346,54 +338,48 @@ def test_concurrent_requests_are_batched(server: Server) -> None:
     assert "inference_request_latency_seconds_bucket" in after and "inference_queue_images" in after
 
 
-def test_the_inference_routes_shortcut_keeps_the_routers_answers(server: Server) -> None:
-    """The inference routes skip the router (serve.app.HotPath): other methods still get the router's 405,
+def test_the_inference_routes_shortcut_keeps_the_routers_answers() -> None:
+    """The inference routes skip the router (serve.hotpath.HotPath): other methods still get the router's 405,
     client mistakes the same JSON 4xx, and each answer is counted under its route's template."""
-    assert httpx.get(f"{server.url}/v1/predict").status_code == 405
-    assert httpx.get(f"{server.url}/v2/models/signs/infer").status_code == 405
-    wrong = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []})
-    assert wrong.status_code == 404 and "unknown model 'nope'" in wrong.json()["error"]
-    bad = httpx.post(f"{server.url}/v1/predict", content=b"x", headers={"Content-Type": "text/plain"})
-    assert bad.status_code == 415 and bad.json()["error"].startswith("unsupported content type")
-    broken = httpx.post(
-        f"{server.url}/v2/models/signs/infer", content=b"{", headers={"Content-Type": "application/json"}
-    )
-    assert broken.status_code == 400 and "error" in broken.json()
-    metrics = httpx.get(f"{server.url}/metrics").text
-    assert 'inference_requests_total{route="/v2/models/{name}/infer",status="404"} 1.0' in metrics
-    assert 'inference_requests_total{route="/v1/predict",status="415"} 1.0' in metrics
-    # A body the fast multipart splitter does not take (a text field too) goes down the stack to the general
-    # parser, read once and replayed: the same request id, counted once.
-    ok_before = _metric(metrics, 'inference_requests_total{route="/v1/predict",status="200"}')
-    files = {"files": ("a.png", png(server.test_images[0]), "image/png")}
-    general = httpx.post(
-        f"{server.url}/v1/predict", files=files, data={"note": "x"}, headers={"X-Request-ID": "client-7"}
-    )
-    assert general.status_code == 200 and general.headers["x-request-id"] == "client-7"
-    ok_after = _metric(
-        httpx.get(f"{server.url}/metrics").text, 'inference_requests_total{route="/v1/predict",status="200"}'
-    )
-    assert ok_after - ok_before == 1
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        assert (await client.get("/v1/predict")).status_code == 405
+        assert (await client.get("/v2/models/signs/infer")).status_code == 405
+        wrong = await client.post("/v2/models/nope/infer", json={"inputs": []})
+        assert wrong.status_code == 404 and "unknown model 'nope'" in wrong.json()["error"]
+        bad = await client.post("/v1/predict", content=b"x", headers={"Content-Type": "text/plain"})
+        assert bad.status_code == 415 and bad.json()["error"].startswith("unsupported content type")
+        broken = await client.post("/v2/models/signs/infer", content=b"{", headers={"Content-Type": "application/json"})
+        assert broken.status_code == 400 and "error" in broken.json()
+        metrics = (await client.get("/metrics")).text
+        assert 'inference_requests_total{route="/v2/models/{name}/infer",status="404"} 1.0' in metrics
+        assert 'inference_requests_total{route="/v1/predict",status="415"} 1.0' in metrics
+        # A body the fast multipart splitter does not take (a text field too) goes down the stack to the general
+        # parser, read once and replayed: the same request id, counted once.
+        ok = 'inference_requests_total{route="/v1/predict",status="200"}'
+        ok_before = _metric(metrics, ok)
+        files = {"files": ("a.png", fake_png(), "image/png")}
+        general = await client.post(
+            "/v1/predict", files=files, data={"note": "x"}, headers={"X-Request-ID": "client-7"}
+        )
+        assert general.status_code == 200 and general.headers["x-request-id"] == "client-7"
+        assert _metric((await client.get("/metrics")).text, ok) - ok_before == 1
+
+    served(scenario)
 
 
-def test_full_queue_answers_503_with_retry_after(models_dir: Path, tmp_path: Path) -> None:
-    server = start_server(
-        models_dir, tmp_path, {"max_queue_images": 1, "max_batch_size": 1, "max_images_per_request": 1}
-    )
-    try:
-        data = png(server.test_images[0])
+def test_full_queue_answers_503_with_retry_after() -> None:
+    data = fake_png()
 
-        def one(_: int) -> httpx.Response:
-            return httpx.post(f"{server.url}/v1/predict", files={"files": ("a.png", data)}, timeout=30)
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return await asyncio.gather(*(client.post("/v1/predict", files={"files": ("a.png", data)}) for _ in range(32)))
 
-        with ThreadPoolExecutor(max_workers=32) as pool:
-            replies = list(pool.map(one, range(96)))
-        statuses = {r.status_code for r in replies}
-        assert statuses <= {200, 503} and 503 in statuses and 200 in statuses
-        busy = next(r for r in replies if r.status_code == 503)
-        assert busy.headers["retry-after"] == "1" and "queue is full" in busy.json()["error"]
-    finally:
-        server.stop()
+    settings = {"max_queue_images": 1, "max_batch_size": 1, "max_images_per_request": 1}
+    replies = served(scenario, fake_model(batch_delay_s=0.02), **settings)
+    statuses = {r.status_code for r in replies}
+    assert statuses <= {200, 503} and 503 in statuses and 200 in statuses
+    busy = next(r for r in replies if r.status_code == 503)
+    assert busy.headers["retry-after"] == "1" and "queue is full" in busy.json()["error"]
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_promptly(models_dir: Path, tmp_path: Path) -> None:
@@ -674,21 +660,27 @@ def _drift_series(server: Server) -> set[str]:
     return {line.rsplit(" ", 1)[0] for line in lines if line.startswith(names)}
 
 
-def test_drift_signals_count_answered_images_and_the_reference_route_says_when_there_is_none(server: Server) -> None:
+def test_drift_signals_count_answered_images_and_the_reference_route_says_when_there_is_none() -> None:
     """A fresh server counts nothing; two answered files add two to every signal (sizes from the files as sent);
     a refused request adds nothing; /v1/drift-reference is a JSON 404 naming the stage to run (no evaluate here)."""
     from pipeline.monitoring import drift
 
-    assert sum(drift.parse_metrics(httpx.get(f"{server.url}/metrics").text, server.classes).class_counts) == 0
-    wide = np.ascontiguousarray(np.repeat(server.test_images[0], 2, axis=1))  # twice as wide as tall
-    files = [("files", ("a.png", png(server.test_images[0]))), ("files", ("b.png", png(wide)))]
-    assert httpx.post(f"{server.url}/v1/predict", files=files).status_code == 200
-    assert httpx.post(f"{server.url}/v1/predict", files={"files": ("x.png", b"not an image")}).status_code == 400
-    counts = drift.parse_metrics(httpx.get(f"{server.url}/metrics").text, server.classes)
-    assert sum(counts.class_counts) == 2 and all(sum(c) == 2 for c in counts.buckets.values()), counts
-    assert counts.sums["aspect"] == pytest.approx(3.0) and counts.sums["height"] == 2 * server.image_size
-    answer = httpx.get(f"{server.url}/v1/drift-reference")
-    assert answer.status_code == 404 and "pipeline evaluate" in answer.json()["error"]
+    classes = fake_model().classes
+    square = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    wide = np.ascontiguousarray(np.repeat(square, 2, axis=1))  # twice as wide as tall
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        assert sum(drift.parse_metrics((await client.get("/metrics")).text, classes).class_counts) == 0
+        files = [("files", ("a.png", fake_png(square))), ("files", ("b.png", fake_png(wide)))]
+        assert (await client.post("/v1/predict", files=files)).status_code == 200
+        assert (await client.post("/v1/predict", files={"files": ("x.png", b"not an image")})).status_code == 400
+        counts = drift.parse_metrics((await client.get("/metrics")).text, classes)
+        assert sum(counts.class_counts) == 2 and all(sum(c) == 2 for c in counts.buckets.values()), counts
+        assert counts.sums["aspect"] == pytest.approx(3.0) and counts.sums["height"] == 2 * SIZE
+        answer = await client.get("/v1/drift-reference")
+        assert answer.status_code == 404 and "pipeline evaluate" in answer.json()["error"]
+
+    served(scenario)
 
 
 def test_a_huge_shape_does_not_stall_the_server(server: Server) -> None:

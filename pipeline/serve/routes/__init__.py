@@ -5,7 +5,7 @@ through the same decoding, batcher and model as /v1/predict). The app includes e
 its middleware: the request id and access log, the token, the body limit and timeout, and the Prometheus
 observation apply to them as to every route; errors are JSON {"error": ...} (raise starlette's HTTPException).
 docs/extending.md has the checklist. The inference routes themselves (/v1/predict, /v2/.../infer) are answered by
-`HotPath` in app.py, before FastAPI's layers, for speed.
+`HotPath` in hotpath.py, before FastAPI's layers, for speed (with the same request rules).
 """
 
 from __future__ import annotations
