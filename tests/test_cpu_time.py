@@ -42,3 +42,13 @@ def test_a_command_is_its_program_and_subcommand() -> None:
     assert command_kind(["/repo/pipeline/stages/benchmark.py", '{"variant": "fp32"}']) == "stages/benchmark.py"
     assert command_kind(["/repo/pipeline/cli.py", "serve", "--port", "8000"]) == "pipeline/cli.py serve"
     assert command_kind([]) == "?"
+
+
+def test_every_run_ends_with_its_minutes_against_the_budget() -> None:
+    from tests.helpers.cpu_time import budget_line
+
+    assert (
+        budget_line(22 * 60, 31 * 60) == "budget: pytest 22.0 min of 25, CPU counted per test 31.0 min of 40: within it"
+    )
+    assert budget_line(26 * 60, 41 * 60).endswith("OVER on pytest and CPU")
+    assert budget_line(10 * 60, 45 * 60).endswith("OVER on CPU")

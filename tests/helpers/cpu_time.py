@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import time
 from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 KEY = "cpu_seconds"
 SHOWN = 25
+# The suite's budget on the 2-core machine (docs/ci.md): minutes of pytest, and CPU minutes counted per test.
+BUDGET_WALL_MIN, BUDGET_CPU_MIN = 25, 40
 _started = pytest.StashKey[float]()
 _costs: list[tuple[float, str]] = []  # (CPU seconds, test id), gathered where the terminal summary is printed
 
@@ -116,6 +119,22 @@ def process_costs(path: Path) -> list[tuple[float, int, str]]:
     return sorted(((seconds, processes[kind], kind) for kind, seconds in cpu.items()), reverse=True)
 
 
+_session_started = time.monotonic()
+
+
+def budget_line(wall_s: float, cpu_s: float) -> str:
+    """The run against the suite's budget, the last line of every run's summary."""
+    wall, cpu = wall_s / 60, cpu_s / 60
+    over = [what for what, spent, limit in (("pytest", wall, BUDGET_WALL_MIN), ("CPU", cpu, BUDGET_CPU_MIN))
+            if spent > limit]  # fmt: skip
+    verdict = f"OVER on {' and '.join(over)}" if over else "within it"
+    return (
+        f"budget: pytest {wall:.1f} min of {BUDGET_WALL_MIN}, CPU counted per test {cpu:.1f} min of "
+        f"{BUDGET_CPU_MIN}: {verdict}"
+    )
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     log = os.environ.get(PROCESS_LOG_ENV)
     if log and not os.environ.get("PYTEST_XDIST_WORKER") and Path(log).is_file():
@@ -134,3 +153,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{cost:8.1f}s  {100 * cost / total:4.1f}%  {nodeid}")
     if path := os.environ.get("PYTEST_CPU_TIME_FILE"):
         Path(path).write_text("".join(f"{cost:.2f}\t{nodeid}\n" for cost, nodeid in ranked))
+    terminalreporter.section("the suite's budget (docs/ci.md)")
+    terminalreporter.write_line(budget_line(time.monotonic() - _session_started, total))
