@@ -41,6 +41,8 @@ class DataFacts(_Facts):
     crop: tuple[float, float, float, float]
     boxes: bool = True
     """Whether the test files carry object boxes: without them there is no ROI protocol to report."""
+    resize: str = "stretch"
+    """How the server makes the image square (data.resize): stretch | center_crop | pad."""
     subject: DataSubject | None = None
     """What the images show, when the data source says (intended use and limits)."""
 
@@ -264,6 +266,14 @@ def _model_details(card: ModelCard) -> list[str]:
     ]
 
 
+# How the server makes a whole image the model's square input, by data.resize.
+SQUARING = {
+    "stretch": "resizes the whole image",
+    "center_crop": "takes the central square of the image and resizes it",
+    "pad": "pads the image to a square on black bands and resizes it",
+}
+
+
 def _intended_use(card: ModelCard) -> list[str]:
     d = card.data
     crop = ", ".join(f"{100 * c:.1f} %" for c in d.crop)
@@ -279,7 +289,7 @@ def _intended_use(card: ModelCard) -> list[str]:
         + (
             f"Without a box the server cuts {crop} (left, top, right, bottom) and resizes; with a box "
             if any(d.crop)
-            else "Without a box the server resizes the whole image; with a box "
+            else f"Without a box the server {SQUARING.get(d.resize, 'resizes the whole image')}; with a box "
         )
         + "(`/v1/predict` `box=`) it crops the box plus a margin.",
         "- A component for recognition research, demos and as a template for your own classifier.",

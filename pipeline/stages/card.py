@@ -211,6 +211,7 @@ def _data_facts(prepared: PreparedManifest, trained_on_val: bool, name: str) -> 
         framing=prepared.framing,
         crop=prepared.crop,
         boxes=prepared.boxes,
+        resize=prepared.resize_mode,
         subject=prepared.subject,
     )
 
