@@ -280,17 +280,9 @@ def run(params: Params) -> None:
         # FP32 tensors), and on the original files as the server decodes them (what the drift reference counts).
         originals = served_test_input(PREPARED_DIR, batch_size)
         counts = drift_counts(classes, originals or test, originals is not None)
-        served: np.ndarray | None
-        if originals is not None and not manifest.boxes:  # no boxes: the ROI arrays are the served input
-            served, trained = classify(originals, shipped, trained_logits, batch_size, counts)
-            roi, trained_roi = served, trained
-        else:
-            roi, trained_roi = classify(
-                test, shipped, trained_logits, batch_size, counts if originals is None else None
-            )
-            served, trained = (None, trained_roi) if originals is None else classify(
-                originals, shipped, trained_logits, batch_size, counts
-            )  # fmt: skip
+        roi, trained_roi, served, trained = _classify_both(
+            test, originals, not manifest.boxes, shipped, trained_logits, batch_size, counts
+        )
         metrics = headline_metrics(labels, roi, served, classes, cfg.worst_classes)
         metrics = {
             "variant": shipped.variant,
@@ -304,14 +296,10 @@ def run(params: Params) -> None:
         write_drift_reference(shipped.variant, shipped.version, counts, len(test), originals is not None)
         predictions_file.write(
             predictions_file.Predictions(
-                variant=shipped.variant,
-                model_version=shipped.version,
-                classes=classes,
-                labels=labels.tolist(),
-                predicted=roi.tolist(),
-                served_predicted=[] if served is None else served.tolist(),
+                variant=shipped.variant, model_version=shipped.version, classes=classes, labels=labels.tolist(),
+                predicted=roi.tolist(), served_predicted=[] if served is None else served.tolist(),
             )
-        )
+        )  # fmt: skip
         _log_results(mlrun, manifest, metrics, served is not None)
         _say(shipped.variant, metrics)
         champion = champion_accuracy(params, shipped_sha256, classes, batch_size)
@@ -323,6 +311,21 @@ def run(params: Params) -> None:
         raise StageError(
             f"quality gate failed, {shipped.variant} is not served: {gate.failures()} (see {gate_file.GATE_PATH})"
         )
+
+
+def _classify_both(
+    test: Any, originals: Any, no_boxes: bool, shipped: Any, trained_logits: Any, batch_size: int, counts: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """The shipped file's and the trained model's answers on the ROI arrays and on the original files as served
+    (None without them); the drift counts are taken on what the server would see."""
+    if originals is not None and no_boxes:  # no boxes: the ROI arrays are the served input, scored once
+        served, trained = classify(originals, shipped, trained_logits, batch_size, counts)
+        return served, trained, served, trained
+    roi, trained_roi = classify(test, shipped, trained_logits, batch_size, counts if originals is None else None)
+    if originals is None:
+        return roi, trained_roi, None, trained_roi
+    served, trained = classify(originals, shipped, trained_logits, batch_size, counts)
+    return roi, trained_roi, served, trained
 
 
 def _check_size(what: str, size: int, prepared_size: int, rerun: str) -> None:

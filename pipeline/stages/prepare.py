@@ -366,6 +366,68 @@ def check_tracked_root(config: DataConfig) -> None:
         )
 
 
+def split_files(
+    listing: Listing, config: DataConfig
+) -> tuple[list[SignFile], list[SignFile], list[SignFile], list[tuple[str, str]]]:
+    """train, val and test files (a test split held out by group when the data has none), without duplicates across
+    them; and what was left out, with why."""
+    if listing.test is None:  # no test split in the data: hold one out, by group, stratified by class
+        rest, held = split_by_track(listing.train, config.test_fraction, config.seed + 1, listing.classes, "test")
+        train_files, test_files = [listing.train[i] for i in rest], [listing.train[i] for i in held]
+    else:
+        train_files, test_files = listing.train, listing.test
+    train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed, listing.classes)
+    fit = [train_files[i] for i in train_idx]
+    val, test_files, dropped = drop_duplicates(fit, [train_files[i] for i in val_idx], test_files)
+    for name, why in dropped[:20]:
+        log(f"prepare: left out {name}: {why}")
+    return fit, val, test_files, dropped
+
+
+def served_framing(params: Params, fit: list[SignFile], val: list[SignFile], classes: int) -> tuple[Framing, str]:
+    """How a whole file becomes the model's input (the server's framing), and why its side, when the budget chose it."""
+    config = params.data
+    crop = served_crop(fit, config)
+    side, side_reason = image_size(params, len(fit), len(val), classes)
+    framing = Framing(side, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode)
+    log(
+        f"prepare: served framing: whole image less {crop} (left, top, right, bottom), {framing.resize} to "
+        f"{framing.size} px, {framing.interpolation}; train/val: {config.framing}"
+    )
+    return framing, side_reason
+
+
+def write_splits(
+    writer: prepared.Writer, splits: dict[str, list[SignFile]], framing: Framing, config: DataConfig, classes: list[str]
+) -> tuple[dict[str, prepared.SplitStats], list[tuple[str, str]], dict[str, list[Path]]]:
+    """Each split's arrays (train and val framed as data.framing says, test always by its boxes); a StageError when
+    more than data.max_bad_fraction are unreadable or a split ends up empty."""
+    stats: dict[str, prepared.SplitStats] = {}
+    bad: list[tuple[str, str]] = []
+    kept: dict[str, list[Path]] = {}
+    total = sum(len(files) for files in splits.values())
+    for split, files in splits.items():
+        use_box = split == "test" or config.framing == "roi"
+        stats[split], split_bad, kept[split] = write_split(writer, split, files, framing, use_box, len(classes))
+        bad += split_bad
+        if len(bad) > config.max_bad_fraction * total:
+            raise StageError(
+                f"{len(bad)} of {total} images are unreadable ({len(bad) / total:.1%}), more than "
+                f"data.max_bad_fraction={config.max_bad_fraction:.1%}; first: {bad[0][0]}: {bad[0][1]}. "
+                "Previous outputs were left as they were."
+            )
+    for name, why in bad[:20]:
+        log(f"prepare: skipped {name}: {why}")
+    for split in SPLITS:
+        if stats[split].info.count == 0:
+            raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
+        missing = sorted(set(range(len(classes))) - set(np.flatnonzero(stats[split].info.per_class).tolist()))
+        if missing:  # its only files there were unreadable or duplicates: said, not fatal
+            names = ", ".join(classes[c] for c in missing[:10])
+            log(f"prepare: the {split} split has no readable image of {len(missing)} class(es): {names}")
+    return stats, bad, kept
+
+
 def run(params: Params) -> None:
     config = params.data
     check_tracked_root(config)
@@ -373,71 +435,17 @@ def run(params: Params) -> None:
         listing = list_source(config)
         for name, why in listing.ignored[:20]:
             log(f"prepare: left out {name}: {why}")
-        if listing.test is None:  # no test split in the data: hold one out, by group, stratified by class
-            rest, held = split_by_track(listing.train, config.test_fraction, config.seed + 1, listing.classes, "test")
-            train_files, test_files = [listing.train[i] for i in rest], [listing.train[i] for i in held]
-        else:
-            train_files, test_files = listing.train, listing.test
-        train_idx, val_idx = split_by_track(train_files, config.val_fraction, config.seed, listing.classes)
-        fit = [train_files[i] for i in train_idx]
-        val, test_files, dropped = drop_duplicates(fit, [train_files[i] for i in val_idx], test_files)
-        for name, why in dropped[:20]:
-            log(f"prepare: left out {name}: {why}")
-        crop = served_crop(fit, config)
-        side, side_reason = image_size(params, len(fit), len(val), len(listing.classes))
-        framing = Framing(
-            side, config.roi_margin, crop, config.resize, interpolation(params), config.reduced_jpeg_decode
-        )
-        log(
-            f"prepare: served framing: whole image less {crop} (left, top, right, bottom), {framing.resize} to "
-            f"{framing.size} px, {framing.interpolation}; train/val: {config.framing}"
-        )
-
-        stats: dict[str, prepared.SplitStats] = {}
-        bad: list[tuple[str, str]] = []
-        kept: dict[str, list[Path]] = {}
-        roi_train = config.framing == "roi"
-        total = len(fit) + len(val) + len(test_files)
-        k = len(listing.classes)
-        with prepared.Writer(PREPARED_DIR, side, config.shard_mb) as writer:
-            for split, files, use_box in (
-                ("train", fit, roi_train),
-                ("val", val, roi_train),
-                ("test", test_files, True),
-            ):
-                stats[split], split_bad, kept[split] = write_split(writer, split, files, framing, use_box, k)
-                bad += split_bad
-                if len(bad) > config.max_bad_fraction * total:
-                    raise StageError(
-                        f"{len(bad)} of {total} images are unreadable ({len(bad) / total:.1%}), more than "
-                        f"data.max_bad_fraction={config.max_bad_fraction:.1%}; first: {bad[0][0]}: {bad[0][1]}. "
-                        "Previous outputs were left as they were."
-                    )
-            for name, why in bad[:20]:
-                log(f"prepare: skipped {name}: {why}")
-            for split in SPLITS:
-                if stats[split].info.count == 0:
-                    raise StageError(f"the {split} split is empty after preparation; check data.val_fraction")
-                missing = sorted(set(range(k)) - set(np.flatnonzero(stats[split].info.per_class).tolist()))
-                if missing:  # its only files there were unreadable or duplicates: said, not fatal
-                    names = ", ".join(listing.classes[c] for c in missing[:10])
-                    log(f"prepare: the {split} split has no readable image of {len(missing)} class(es): {names}")
-
+        fit, val, test_files, dropped = split_files(listing, config)
+        framing, side_reason = served_framing(params, fit, val, len(listing.classes))
+        splits = {"train": fit, "val": val, "test": test_files}
+        with prepared.Writer(PREPARED_DIR, framing.size, config.shard_mb) as writer:
+            stats, bad, kept = write_splits(writer, splits, framing, config, listing.classes)
             # The test split's original files go along: evaluate measures what the server is sent (whole images).
             manifest = build_manifest(
-                stats,
-                bad,
-                total,
-                config,
-                framing,
-                kept["test"],
-                listing.classes,
-                listing.dataset,
-                writer.content_sha256,
-                listing.subject,
-                boxes=any(f.box is not None for f in test_files),
-                image_size_reason=side_reason,
-            )
+                stats, bad, sum(map(len, splits.values())), config, framing, kept["test"], listing.classes,
+                listing.dataset, writer.content_sha256, listing.subject,
+                boxes=any(f.box is not None for f in test_files), image_size_reason=side_reason,
+            )  # fmt: skip
             writer.finish(manifest, kept["test"])
         manifest = prepared.read_manifest(PREPARED_DIR)
         metrics = write_reports(manifest, bad, REPORT_DIR, listing.ignored + dropped)
@@ -447,5 +455,5 @@ def run(params: Params) -> None:
         log(
             "prepare: "
             + ", ".join(f"{s} {int(metrics[f'{s}_images'])}" for s in SPLITS)
-            + f" images at {side}x{side}; {len(bad)} unreadable"
+            + f" images at {framing.size}x{framing.size}; {len(bad)} unreadable"
         )
