@@ -1,33 +1,114 @@
-"""Training checkpoints: torch.distributed.checkpoint (DCP) folders, written atomically and verified.
+"""Training checkpoints: torch.distributed.checkpoint (DCP) folders, written atomically and verified, and the
+folders they live in.
 
-Layout: `models/checkpoints/<fingerprint>/step_00000123/` (one folder per params + data fingerprint) holds DCP's files (`.metadata`, `__0_0.distcp`, ...), the
-trainer's state (`trainer.json`: step, loader position, history) and, written last, `COMPLETE.json`
-with the size and SHA-256 of every other file. A folder is written as `step_....partial` and renamed
-only once complete, so a run killed while saving leaves a `.partial` folder that is ignored (and removed
-by the next save). A complete folder whose files no longer match `COMPLETE.json` is corrupt: resuming
-stops with its name instead of using it.
+Layout: `<train.checkpoint_dir>/<fingerprint>/step_00000123/` (one folder per params + data fingerprint, so changing
+a param starts a new folder and changing it back resumes the old one) holds DCP's files (`.metadata`,
+`__0_0.distcp`, ...), the trainer's state (`trainer.json`: step, loader position, history, the time budget and early
+stopping; pipeline/training/state.py), with early stopping the best epoch's weights (`best.safetensors`), and,
+written last, `COMPLETE.json` with the size and SHA-256 of every other file. A folder is written as
+`step_....partial` and renamed only once complete, so a run killed while saving leaves a `.partial` folder that is
+ignored (and removed by the next save). A complete folder whose files no longer match `COMPLETE.json` is corrupt:
+resuming stops with its name instead of using it. The newest `train.keep_checkpoints` step folders of a run are kept,
+and the KEEP_OTHER_RUNS newest folders of other fingerprints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pipeline import console
 from pipeline.artifacts._files import fsync_dir
 from pipeline.artifacts.checksum import sha256_of
 from pipeline.errors import StageError
 
+if TYPE_CHECKING:
+    from pipeline.artifacts.prepared import PreparedManifest
+    from pipeline.config import Params
+
 MARKER = "COMPLETE.json"
 TRAINER_STATE = "trainer.json"
+BEST_WEIGHTS = "best.safetensors"  # early stopping's best epoch so far (whole, from rank 0)
 PARTIAL_SUFFIX = ".partial"
 _NAME = re.compile(r"^step_(\d{8})$")
+KEEP_OTHER_RUNS = 2  # checkpoint folders of other params/data kept beside the current run's (newest first)
+
+# Params that do not change the training trajectory: a checkpoint made with other values still resumes.
+_NOT_TRAJECTORY = {
+    "checkpoint_dir",
+    "nproc",
+    "strategy",
+    "device",
+    "compile",
+    "threads",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_batch_size",
+}
+
+
+def fingerprint(params: Params, manifest: PreparedManifest) -> str:
+    """What a checkpoint must match to be resumed: model, recipe and data (its content hash included)."""
+    train = {k: v for k, v in params.train.model_dump().items() if k not in _NOT_TRAJECTORY}
+    blob = json.dumps(
+        {
+            "model": params.model.model_dump(),
+            "train": train,
+            "augment": params.augment.model_dump(),
+            "regularize": params.regularize.model_dump(),
+            "image_size": manifest.image_size,
+            "mean": manifest.mean,
+            "std": manifest.std,
+            "data": manifest.content_sha256,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_folder(params: Params, manifest: PreparedManifest) -> Path:
+    """This run's checkpoint folder: one per fingerprint, so changing a param (or the data) starts a new folder
+    and switching back resumes the old one; nothing is deleted on the way."""
+    return Path(params.train.checkpoint_dir) / fingerprint(params, manifest)
+
+
+def retire_other_runs(current: Path, main: bool) -> None:
+    """Keep the KEEP_OTHER_RUNS most recent other runs' folders; remove older ones (and step folders of the
+    layout before fingerprint folders), saying so."""
+    root = current.parent
+    if not main or not root.is_dir():
+        return
+    others = [p for p in root.iterdir() if p.is_dir() and p != current]
+    legacy = [p for p in others if p.name.startswith("step_")]
+    runs = sorted((p for p in others if p not in legacy), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in legacy + runs[KEEP_OTHER_RUNS:]:
+        console.log(f"removing old checkpoints of other params or data: {old}")
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def find_resume(params: Params, manifest: PreparedManifest, main: bool) -> Resume | None:
+    """The run's newest complete checkpoint, verified (None: start from scratch); the main process first removes
+    the folders of a save that was interrupted, saying so."""
+    folder = run_folder(params, manifest)
+    if main:
+        for partial in partial_folders(folder):
+            console.log(f"removing incomplete checkpoint {partial} (interrupted while saving)")
+            shutil.rmtree(partial, ignore_errors=True)
+    resume = latest(folder)
+    if resume is None:
+        return None
+    if resume.state.get("fingerprint") != fingerprint(params, manifest):  # a folder copied or renamed by hand
+        raise StageError(f"{resume.folder} was made with other params or data than its folder name says; delete it")
+    return resume
 
 
 def folder_name(step: int) -> str:
@@ -110,6 +191,8 @@ def verify(folder: Path) -> dict[str, Any]:
         state: dict[str, Any] = json.loads((folder / TRAINER_STATE).read_text())
     except ValueError:
         raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is not JSON ({hint})") from None
+    if not isinstance(state, dict):
+        raise StageError(f"checkpoint {folder} is corrupt: {TRAINER_STATE} is not a JSON object ({hint})")
     return state
 
 
@@ -140,9 +223,19 @@ def prune(root: Path, keep: int) -> None:
 # ------------------------------------------------------------------ DCP: the model and optimizer state
 
 
-def save(root: Path, step: int, model: Any, optim: Any, trainer_state: dict[str, Any], d: Any, keep: int) -> Path:
+def save(
+    root: Path,
+    step: int,
+    model: Any,
+    optim: Any,
+    trainer_state: dict[str, Any],
+    d: Any,
+    keep: int,
+    best: Mapping[str, Any] | None = None,
+) -> Path:
     """Every process writes its shard of model + optimizer state into `root/step_N.partial`; then rank 0
-    seals it (trainer state, marker) and prunes old folders. `d` is the caller's training.distributed.Dist."""
+    seals it (`best`: early stopping's best weights, rank 0's; trainer state, marker) and prunes old folders.
+    `d` is the caller's training.distributed.Dist."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -156,6 +249,10 @@ def save(root: Path, step: int, model: Any, optim: Any, trainer_state: dict[str,
     d.barrier()
     final = root / folder_name(step)
     if d.main:
+        if best is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in best.items()}, str(partial / BEST_WEIGHTS))
         seal(partial, trainer_state)
         prune(root, keep)
     d.barrier()
@@ -179,6 +276,23 @@ def load(folder: Path, model: Any, optim: Any) -> None:
         first = (str(cause).strip().splitlines() or [""])[0][:300]
         raise StageError(f"checkpoint {folder} cannot be loaded ({type(cause).__name__}: {first})") from None
     set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def best_weights(folder: Path) -> dict[str, Any]:
+    """Early stopping's best weights saved in a verified folder (tensors only: nothing is unpickled)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = folder / BEST_WEIGHTS
+    if not path.is_file():
+        raise StageError(
+            f"checkpoint {folder} is corrupt: {TRAINER_STATE} names a best epoch but {BEST_WEIGHTS} is missing "
+            f"(delete {folder} to resume from an older checkpoint)"
+        )
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise StageError(f"checkpoint {folder}: {BEST_WEIGHTS} cannot be loaded ({exc})") from None
 
 
 # What DCP's `.metadata` pickle may hold: its own dataclasses, torch's dtype/size/layout/memory-format

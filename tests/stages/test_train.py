@@ -19,9 +19,12 @@ from pipeline.artifacts import model as model_file
 from pipeline.artifacts.prepared import read_manifest
 from pipeline.cli import app
 from pipeline.config import Params, parse_params
+from pipeline.data.loader import load_split
 from pipeline.errors import StageError
 from pipeline.stages import train
 from pipeline.training import checkpoint as ckpt
+from pipeline.training.budget import TimeBudget
+from pipeline.training.loop import KILL_AFTER_STEP_ENV
 from tests.helpers import REPO
 from tests.helpers.params import train_params, write_params_yaml
 from tests.helpers.prepared import replace_split, write_prepared
@@ -34,7 +37,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_prepared(work)
     monkeypatch.chdir(work)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv(train.KILL_AFTER_STEP_ENV, raising=False)
+    monkeypatch.delenv(KILL_AFTER_STEP_ENV, raising=False)
     return work
 
 
@@ -45,15 +48,19 @@ def weights(path: Path = model_file.MODEL_PATH) -> dict[str, torch.Tensor]:
 
 def checkpoints(params: Params) -> Path:
     """This params' checkpoint folder (one per params + data fingerprint), relative to the project."""
-    return Path("models/checkpoints") / train.fingerprint(params, read_manifest(Path("data/prepared")))
+    return Path("models/checkpoints") / ckpt.fingerprint(params, read_manifest(Path("data/prepared")))
 
 
-def run_killed(params: Params, after_step: int, cwd: Path) -> None:
-    """`pipeline train` in a subprocess that SIGKILLs itself right after `after_step`."""
+def run_killed(params: Params, after_step: int, cwd: Path, pace: dict[int, float] | None = None) -> None:
+    """`pipeline train` in a subprocess that SIGKILLs itself right after `after_step` (`pace`: as `paced`)."""
     write_params_yaml(cwd / "params.yaml", params)
-    env = {**os.environ, train.KILL_AFTER_STEP_ENV: str(after_step), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, KILL_AFTER_STEP_ENV: str(after_step), "PYTHONPATH": str(REPO)}
+    command = ["-m", "pipeline.cli", "train", "-p", "params.yaml"]
+    if pace is not None:
+        command = ["-c", f"from tests.stages.test_train import paced\npaced({pace!r})\n"
+                   "from pipeline.cli import app\napp(['train', '-p', 'params.yaml'])"]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "train", "-p", "params.yaml"],
+        [sys.executable, *command],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -118,7 +125,7 @@ def test_tiny_run_through_the_cli_with_mlflow(project: Path) -> None:
 def test_the_shipped_model_trains_on_validation_too(project: Path) -> None:
     """train.train_on_val (a recipe's choice for the model it ships): every labelled image is a training image, and
     no figure pretends that validation was held out."""
-    counts = {s: len(train.load_split(s)) for s in ("train", "val")}
+    counts = {s: len(load_split(s)) for s in ("train", "val")}
     params = train_params(checkpoint_every=0, train_on_val=True)
     raw = params.model_dump(mode="json")
     raw["tracking"] = {"enabled": True, "uri": "sqlite:///mlflow.db", "experiment": "test"}
@@ -226,7 +233,7 @@ def test_interrupted_save_is_ignored_and_other_params_start_over(project: Path) 
     changed = train_params(epochs=1, lr=0.001)
     train.run(changed)  # other params: trains from scratch in its own folder, the first run's kept
     state = json.loads((checkpoints(changed) / "step_00000008/trainer.json").read_text())
-    assert state["fingerprint"] == train.fingerprint(changed, read_manifest(Path("data/prepared")))
+    assert state["fingerprint"] == ckpt.fingerprint(changed, read_manifest(Path("data/prepared")))
     assert not (checkpoints(params) / "step_00000009.partial").exists()
     assert (checkpoints(params) / "step_00000008/COMPLETE.json").exists()
     changed_weights = weights()
@@ -324,8 +331,7 @@ def test_a_time_budget_plans_the_epochs_that_fit_after_the_first(project: Path, 
     assert json.loads((project / "reports/train/metrics.json").read_text())["epochs"] == 2
     train.run(train_params(epochs=2, checkpoint_every=0))
     assert all(torch.equal(budgeted[k], v) for k, v in weights().items())
-    assert (train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 25.0, 1, False),
-            train._budgeted_epochs(train_params(epochs=6, max_minutes=1).train, 7.0, 1, False)) == (2, 6)  # fmt: skip
+    assert (TimeBudget(1, 6).fits(25.0), TimeBudget(1, 6).fits(7.0)) == (2, 6)
 
 
 def test_the_budget_is_planned_again_after_every_epoch_at_the_mean_pace(
@@ -334,22 +340,19 @@ def test_the_budget_is_planned_again_after_every_epoch_at_the_mean_pace(
     """One slow first epoch (another program busy, the first steps' warm-up) does not decide the run: after every
     epoch the plan is made again from the mean of the epochs so far, never below the epochs done, and said when it
     changes; the schedule anneals over the last plan."""
-    t = train_params(epochs=6, max_minutes=1).train
-    assert [
-        train._budgeted_epochs(t, seconds, 1, False, done) for seconds, done in ((45.0, 1), (25.0, 2), (30.0, 3))
-    ] == [1, 2, 3]
+    assert [TimeBudget(1, 6).fits(seconds, done) for seconds, done in ((45.0, 1), (25.0, 2), (30.0, 3))] == [1, 2, 3]
     capsys.readouterr()
-    assert train._budgeted_epochs(t, 12.0, 1, True, 2, before=5) == 5 and not capsys.readouterr().err
-    assert train._budgeted_epochs(t, 10.0, 1, True, 2, before=5) == 6
+    assert TimeBudget(1, 6, planned=5).fits(12.0, 2, main=True) == 5 and not capsys.readouterr().err
+    assert TimeBudget(1, 6, planned=5).fits(10.0, 2, main=True) == 6
     assert "an epoch takes 10 s here (the mean of 2), so 6 of" in capsys.readouterr().err.replace("\n", " ")
-    real = train._budgeted_epochs
+    real = TimeBudget.fits
     calls: list[tuple[float, int, int | None]] = []
 
-    def planned(t: Any, seconds: float, world: int, main: bool, done: int = 1, before: int | None = None) -> int:
-        calls.append((seconds, done, before))
-        return real(t, {1: 30.0, 2: 20.0}.get(done, 20.0), world, main, done, before)  # 2 epochs fit, then 3
+    def planned(budget: TimeBudget, seconds: float, done: int = 1, world: int = 1, main: bool = False) -> int:
+        calls.append((seconds, done, budget.planned))
+        return real(budget, {1: 30.0, 2: 20.0}.get(done, 20.0), done, world, main)  # 2 epochs fit, then 3
 
-    monkeypatch.setattr(train, "_budgeted_epochs", planned)
+    monkeypatch.setattr(TimeBudget, "fits", planned)
     params = train_params(epochs=6, max_minutes=1, checkpoint_every=0)
     train.run(params)
     assert [(done, before) for _, done, before in calls] == [(1, None), (2, 2), (3, 3)]
@@ -362,7 +365,7 @@ def test_the_budget_is_planned_again_after_every_epoch_at_the_mean_pace(
 def test_the_planned_epochs_anneal_the_schedule_and_stay_in_the_checkpoint(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train, "_budgeted_epochs", lambda *_: 2)  # the pace's plan, made deterministic
+    monkeypatch.setattr(TimeBudget, "fits", lambda *_: 2)  # the pace's plan, made deterministic
     params = train_params(epochs=6, max_minutes=1, checkpoint_every=3)
     train.run(params)
     history = (project / "reports/train/history.csv").read_text().splitlines()[1:]
@@ -370,4 +373,92 @@ def test_the_planned_epochs_anneal_the_schedule_and_stay_in_the_checkpoint(
     last_lr = float(history[-1].split(",")[3])
     assert last_lr < 0.02 * params.train.lr  # the cosine's end on the second epoch, not a sixth of the way
     saved = ckpt.latest(checkpoints(params))
-    assert saved is not None and saved.state["step"] == 16 and saved.state["planned_epochs"] == 2
+    assert saved is not None and saved.state["step"] == 16 and saved.state["budget"]["planned"] == 2
+
+
+def paced(pace: dict[int, float], monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """Every epoch of the time budget takes `pace[epoch]` seconds (10 when not given), whatever the clock says: plans
+    that do not depend on this machine's speed (in a subprocess, without `monkeypatch`, for good)."""
+    real = TimeBudget.after_epoch
+
+    def after_epoch(budget: TimeBudget, done: int, seconds: float, world: int = 1, main: bool = True) -> int:
+        return real(budget, done, pace.get(done, 10.0), world, main)
+
+    if monkeypatch is None:
+        TimeBudget.after_epoch = after_epoch  # type: ignore[method-assign]
+    else:
+        monkeypatch.setattr(TimeBudget, "after_epoch", after_epoch)
+
+
+def test_a_run_killed_mid_budget_resumes_to_the_epochs_an_uninterrupted_one_plans(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time budget's state (the finished epochs' seconds, the last plan) is in every checkpoint: killed in the
+    middle of epoch 2, when the plan says 2 epochs and would say 3 after it, the resumed run anneals over 2, plans 3
+    after epoch 2, and ends with the epochs, schedule and weights of a run never interrupted."""
+    pace = {1: 30.0, 2: 10.0}  # in 1 minute: 60 / 30 = 2 epochs after the first; 60 / 20 = 3 after the second
+    params = train_params(epochs=6, max_minutes=1)
+    run_killed(params, after_step=13, cwd=project, pace=pace)  # checkpoint at step 12: epoch 2, half done
+    saved = json.loads((checkpoints(params) / "step_00000012/trainer.json").read_text())
+    assert saved["format"] == 2 and saved["budget"] == {"seconds": 30.0, "planned": 2}
+    paced(pace, monkeypatch)
+    train.run(params)
+    resumed, history = weights(), (project / "reports/train/history.csv").read_text()
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    assert (metrics["epochs"], metrics["steps"]) == (3, 24)
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    write_prepared(fresh)
+    os.chdir(fresh)
+    train.run(params)
+    assert json.loads((fresh / "reports/train/metrics.json").read_text())["epochs"] == 3
+    uninterrupted_history = (fresh / "reports/train/history.csv").read_text()
+    assert [row.split(",")[3] for row in history.splitlines()] == [
+        row.split(",")[3] for row in uninterrupted_history.splitlines()
+    ]  # the same schedule
+    uninterrupted = weights()
+    assert resumed.keys() == uninterrupted.keys()
+    for key in resumed:
+        assert torch.equal(resumed[key], uninterrupted[key]), key
+
+
+def test_early_stopping_keeps_its_best_epoch_through_a_resume(project: Path) -> None:
+    """The best epoch's weights and its counters are in the checkpoint: rerunning a finished run (a resume with
+    nothing left to train) writes the model and figures of the run itself, not its last epoch's."""
+    params = train_params(epochs=3, early_stopping_patience=5, checkpoint_every=0)
+    train.run(params)
+    first, metrics = weights(), json.loads((project / "reports/train/metrics.json").read_text())
+    assert metrics["best_epoch"] in (1, 2, 3)
+    saved = ckpt.latest(checkpoints(params))
+    assert saved is not None and saved.state["early_stopping"]["best_epoch"] == metrics["best_epoch"]
+    assert (saved.folder / ckpt.BEST_WEIGHTS).exists()
+    train.run(params)
+    again = json.loads((project / "reports/train/metrics.json").read_text())
+    assert (again["best_epoch"], again["best_val_accuracy"]) == (metrics["best_epoch"], metrics["best_val_accuracy"])
+    assert all(torch.equal(first[k], v) for k, v in weights().items())
+
+
+def test_a_checkpoint_of_the_format_before_sections_still_resumes(project: Path) -> None:
+    """trainer.json of format 1 (flat planned_epochs, budget_seconds, stopped_early; no `format`) resumes; a format
+    this version does not know is refused with a message, not a traceback."""
+    params = train_params(epochs=1)
+    train.run(params)
+    latest = project / checkpoints(params) / "step_00000008"
+    state = json.loads((latest / "trainer.json").read_text())
+    old = {k: v for k, v in state.items() if k not in ("format", "budget", "early_stopping")}
+    old |= {"stopped_early": False, "planned_epochs": None, "budget_seconds": 0.0}
+
+    def reseal(trainer_state: dict[str, Any]) -> None:
+        partial = latest.with_name(latest.name + ".partial")
+        latest.rename(partial)
+        (partial / ckpt.MARKER).unlink()
+        ckpt.seal(partial, trainer_state)
+
+    reseal(old)
+    train.run(params)  # resumes the finished run: nothing trained, the same figures
+    metrics = json.loads((project / "reports/train/metrics.json").read_text())
+    assert metrics["steps"] == 8 and metrics["epochs"] == 1
+    reseal({**state, "format": 99})
+    with pytest.raises(StageError, match=r"step_00000008 is in trainer-state format 99, which this train stage"):
+        train.run(params)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pipeline.machine.ports import free_port
-from pipeline.stages import train
+from pipeline.training.loop import KILL_AFTER_STEP_ENV, KILL_NODE_ENV
 from tests.helpers import REPO
 from tests.helpers.params import train_params, write_params_yaml
 from tests.helpers.prepared import write_prepared
@@ -49,8 +49,8 @@ class Job:
         environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **self.agent_env, **(env or {})}
         environment.pop("MLFLOW_TRACKING_URI", None)
         if not env:
-            environment.pop(train.KILL_AFTER_STEP_ENV, None)
-            environment.pop(train.KILL_NODE_ENV, None)
+            environment.pop(KILL_AFTER_STEP_ENV, None)
+            environment.pop(KILL_NODE_ENV, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "job",
                "--max-restarts", str(self.restarts), "--monitor-interval", "0.5",
@@ -97,7 +97,7 @@ def test_a_killed_worker_is_restarted_on_both_nodes_from_the_last_checkpoint(
 ) -> None:
     job = Job(tmp_path, str(tmp_path / "shared"))
     job.start(0)
-    job.start(1, {train.KILL_AFTER_STEP_ENV: "5"})  # node 1's worker SIGKILLs itself after step 5
+    job.start(1, {KILL_AFTER_STEP_ENV: "5"})  # node 1's worker SIGKILLs itself after step 5
     assert job.wait() == [0, 0], job.logs()
     assert "exitcode: -9" in job.logs()  # its agent saw the worker die (SIGKILL), and both nodes restarted
     _assert_same(job.trained(), uninterrupted)
@@ -108,7 +108,7 @@ def test_a_lost_machine_started_again_rejoins_and_the_job_resumes_from_the_last_
 ) -> None:
     job = Job(tmp_path, str(tmp_path / "shared"))
     job.start(0)
-    job.start(1, {train.KILL_AFTER_STEP_ENV: "5", train.KILL_NODE_ENV: "1"})  # agent + worker die after step 5
+    job.start(1, {KILL_AFTER_STEP_ENV: "5", KILL_NODE_ENV: "1"})  # agent + worker die after step 5
     assert job.agents[1].wait(timeout=300) == -9  # the machine is gone; node 0's worker fails, its agent waits
     job.start(1)  # the machine comes back: a new agent, restart count 0, joins node 0's next round
     assert job.wait() == [0, 0], job.logs()
