@@ -6,8 +6,10 @@ which version runs and whether it is the champion.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.artifacts.checksum import sha256_of
@@ -59,6 +61,25 @@ def download_champion(params: Params) -> tuple[Path, str, RegistryVersion]:
     return models, variant, RegistryVersion(name, str(version.version), champion=True)
 
 
+QUICK_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+@contextlib.contextmanager
+def _one_quick_try() -> Iterator[None]:
+    """A tracking server that does not answer delays the server's start by seconds, not by MLflow's minutes of
+    retries: the lookup only names the version, it decides nothing."""
+    saved = {k: os.environ.get(k) for k in QUICK_TRY}
+    os.environ.update(QUICK_TRY)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def registered_as(params: Params, sha256: str) -> RegistryVersion | None:
     """The newest registered version of this file, and whether it is the champion; None without a registry that is
     already there (the server never creates a store), or when no version holds this file."""
@@ -75,13 +96,16 @@ def registered_as(params: Params, sha256: str) -> RegistryVersion | None:
     client = mlflow.MlflowClient(tracking_uri=uri)
     name = params.tracking.registered_model_name
     try:
-        versions = [v for v in client.search_model_versions(f"name='{name}'") if v.tags.get("sha256") == sha256]
+        with _one_quick_try():
+            found = client.search_model_versions(f"name='{name}'")
     except mlflow.exceptions.MlflowException:
         return None
+    versions = [v for v in found if v.tags.get("sha256") == sha256]
     if not versions:
         return None
     try:
-        champion = client.get_model_version_by_alias(name, "champion").version
+        with _one_quick_try():
+            champion = client.get_model_version_by_alias(name, "champion").version
     except mlflow.exceptions.MlflowException:
         champion = None  # no champion yet
     newest = max(versions, key=lambda v: int(v.version))

@@ -229,6 +229,12 @@ def test_the_gate_compares_with_the_champion_passes_a_first_run_and_stops_a_wors
     champion = client.get_model_version_by_alias("shop-classifier", "champion")
     assert champion.tags["sha256"] == first["sha256"]
     assert first["promoted_version"] == str(champion.version)  # the card says so (model_card.gate_lines)
+    from pipeline.serve.champion import registered_as
+    from pipeline.serve.model import RegistryVersion
+
+    # serving models/ names the registered version of its file, and that it is the champion
+    assert registered_as(params, first["sha256"]) == RegistryVersion("shop-classifier", str(champion.version), True)
+    assert registered_as(params, "0" * 64) is None  # a file no version holds
 
     worse = _make_worse(project)
     with pytest.raises(StageError, match=r"quality gate failed, .* is not served: .*against the champion's") as failed:
