@@ -302,12 +302,12 @@ class VariantMaker:
             pruned = prune.keep_members(model_file.read(self.staging / "fp32.pt")[0], cfg.prune_members)
             members = len(pruned.members) if isinstance(pruned, nets.Committee) else 1
             like = {**payload, "arch": {**payload["arch"], "members": members}}
-            if nets.is_backbone(str(payload["arch"]["name"])):  # branches: Torch-Pruning's dependency graph
+            if prune.plain_chain(pruned, self.image_size):
+                report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
+            else:  # branches (residual additions, depthwise convolutions): Torch-Pruning's dependency graph
                 report = prune.prune_graph(
                     pruned, cfg.prune_amount, self.image_size, cfg.prune_norm, cfg.prune_multiple
                 )
-            else:
-                report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
             console.log(
                 f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}) of {like['arch']['members']} "
                 f"member(s): channels {report.channels_before} -> {report.channels_after}; "

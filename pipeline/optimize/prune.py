@@ -5,10 +5,11 @@ A filter followed by BatchNorm is ranked by the norm of the filter with the BN s
 (|gamma| / sqrt(var + eps) x weight): BN divides the raw weight's scale out, so ranking by the raw norm
 removes filters that BN scales up (the measured cost of halving the filters, with and without it: docs/results-history.md).
 
-`prune_filters` works on the conv(-BN)-...-conv(-BN)-Linear chains of pipeline/architectures/nets.py, where every convolution
+`prune_filters` works on conv(-BN)-...-conv(-BN)-Linear chains (signnet, trafficsignnet), where every convolution
 feeds exactly the next convolution or, after the last one, the classifier's Linear (through global average
-pooling, or a Flatten of C x H x W features). Networks with branches (residual additions, squeeze-excite,
-depthwise convolutions: the torchvision/timm networks) go through `prune_graph`: Torch-Pruning traces the forward
+pooling, or a Flatten of C x H x W features); `plain_chain` tells such a network by its structure. Networks with
+branches (residual additions, squeeze-excite, depthwise convolutions: the torchvision/timm networks, or one of
+yours) go through `prune_graph`: Torch-Pruning traces the forward
 into a dependency graph, so channels joined by an addition or a depthwise convolution are removed together.
 """
 
@@ -141,6 +142,26 @@ def prune_graph(
     pruner.step()
     model.train(was_training)
     return PruneReport(before, [c.out_channels for c in convs])
+
+
+def plain_chain(model: nn.Module, image_size: int) -> bool:
+    """Whether `prune_filters` can prune this network: no grouped (depthwise) convolution, and every convolution's
+    output channels feed on without being joined to another convolution's (an addition, as in a residual block,
+    couples them). Read from Torch-Pruning's dependency graph of the traced forward, whatever the network is called."""
+    import torch_pruning as tp
+
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs or any(c.groups != 1 for c in convs):
+        return False
+    was_training = model.training
+    graph = tp.DependencyGraph().build_dependency(model.eval(), example_inputs=torch.rand(1, 3, image_size, image_size))
+    model.train(was_training)
+    for conv in convs:
+        group = graph.get_pruning_group(conv, tp.prune_conv_out_channels, idxs=[0])
+        joined = {id(d.target.module) for d, _ in group if d.handler == tp.prune_conv_out_channels}
+        if len(joined) > 1:
+            return False
+    return True
 
 
 def prune_filters(model: nn.Module, amount: float, norm: Literal["l1", "l2"] = "l1", multiple: int = 1) -> PruneReport:

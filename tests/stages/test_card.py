@@ -235,7 +235,8 @@ def test_a_card_of_data_without_boxes_has_no_roi_figures(benchmarked_project: Pa
     assert "ROI protocol" in with_boxes and "framed as" in with_boxes and ", ROI " in with_boxes
     photos = model_card.render(facts.model_copy(update={"data": facts.data.model_copy(update={"boxes": False})}))
     assert "ROI" not in photos and "framed as" not in photos and "annotated box" not in photos
-    cropped = facts.model_copy(update={"data": facts.data.model_copy(update={"boxes": False, "resize": "center_crop"})})
+    whole = {"boxes": False, "resize": "center_crop", "crop": (0.0, 0.0, 0.0, 0.0)}  # a photo folder's
+    cropped = facts.model_copy(update={"data": facts.data.model_copy(update=whole)})
     assert "Without a box the server takes the central square of the image" in model_card.render(cropped)
     assert "**Served accuracy" in photos
 

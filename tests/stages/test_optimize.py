@@ -695,3 +695,83 @@ def test_int8_onnx_folds_relu6_into_the_convolutions_output_range(workdir: Path)
         return session.run(None, {session.get_inputs()[0].name: images})[0].argmax(1)
 
     assert (top1(workdir / "int8.onnx") == top1(workdir / "fp32.onnx")).mean() >= 0.95
+
+
+RESIDUAL = """
+import torch
+from torch import nn
+
+from pipeline.architectures import NetSpec
+from pipeline.architectures.nets import Normalize
+
+
+class Residual(nn.Module):
+    def __init__(self, spec: NetSpec) -> None:
+        super().__init__()
+        self.normalize = Normalize(spec.mean, spec.std)
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                   nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, spec.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(self.normalize(x))
+        x = torch.relu(x + self.block(x))  # the addition joins the stem's channels to the block's
+        return self.head(x.mean((2, 3)))
+
+
+def build(spec: NetSpec) -> nn.Module:
+    return Residual(spec)
+"""
+
+
+def test_the_pruner_is_chosen_by_the_networks_structure_not_its_name(tmp_path: Path) -> None:
+    """Chains of convolutions (ours) are pruned filter by filter; a residual addition or a depthwise convolution
+    (in a network of yours as in a library's) sends the network to Torch-Pruning's dependency graph."""
+    import importlib.util
+
+    from pipeline.architectures import NetSpec
+    from pipeline.optimize import prune
+
+    (tmp_path / "residual.py").write_text(RESIDUAL)
+    spec = importlib.util.spec_from_file_location("residual_toy", tmp_path / "residual.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    residual = module.build(NetSpec(MEAN, STD, 16, 5))
+    assert not prune.plain_chain(residual, 16)
+    assert prune.plain_chain(nets.build("signnet", MEAN, STD, 16, width=4, members=2), 16)
+    assert prune.plain_chain(nets.build("trafficsignnet", MEAN, STD, 32, num_classes=5), 32)
+    depthwise = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3, groups=8), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(8, 5))  # fmt: skip
+    assert not prune.plain_chain(depthwise, 16)
+
+
+def test_a_residual_network_of_yours_is_pruned_and_passes_optimize(tiny_project: Path, tmp_path: Path) -> None:
+    """Under the demo's recipe (pruning on), a project network with a residual block trains, and optimize prunes it
+    through the dependency graph (the stem's and the block's channels cut together) and ships what passed."""
+    import contextlib
+    import json
+    import shutil
+
+    import yaml
+
+    from pipeline.config import parse_params
+    from pipeline.stages import optimize, train
+
+    work = tmp_path / "project"
+    shutil.copytree(tiny_project / "data", work / "data", symlinks=True)
+    (work / "nets").mkdir()
+    (work / "nets" / "residual.py").write_text(RESIDUAL)
+    raw = yaml.safe_load((tiny_project / "params.yaml").read_text())
+    raw["model"].update({"name": "nets/residual.py:build", "members": 1})
+    raw["train"].update({"epochs": 1})
+    raw["optimize"] = {**raw.get("optimize", {}), "prune_amount": 0.5, "finetune_epochs": 1, "student_width": 0}
+    params = parse_params(raw)
+    with contextlib.chdir(work):
+        train.run(params)
+        optimize.run(params)
+        manifest = json.loads(Path("models/manifest.json").read_text())
+    pruned = next(v for v in manifest["variants"] if v["name"] == "pruned")
+    before, after = json.loads(pruned["details"]["channels_before"]), json.loads(pruned["details"]["channels_after"])
+    assert sum(after) < sum(before) and after[0] == after[2]  # the joined channels were cut together
+    assert any(v["accepted"] for v in manifest["variants"])
