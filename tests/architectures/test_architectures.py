@@ -4,7 +4,6 @@ named in params.yaml (`model.name: path/to/file.py:function`), each then trained
 from __future__ import annotations
 
 import contextlib
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -54,14 +53,10 @@ def test_a_network_of_your_project_trains_exports_and_serves(tiny_project: Path,
     """The toy network in the project's own `nets/toy.py`: train, optimize (ONNX, int8) and the served runtime."""
     from pipeline.runtimes import open_runtime
     from pipeline.stages import optimize, train
+    from tests.helpers.project import with_network
 
     work = tmp_path / "project"
-    shutil.copytree(tiny_project / "data", work / "data", symlinks=True)
-    (work / "nets").mkdir()
-    (work / "nets" / "toy.py").write_text(TOY)
-    raw = yaml.safe_load((tiny_project / "params.yaml").read_text())
-    raw["model"].update({"name": "nets/toy.py:build", "members": 1})
-    raw["train"].update({"epochs": 1})
+    raw = with_network(tiny_project, work, TOY)
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
     params = parse_params(raw)
     with contextlib.chdir(work):

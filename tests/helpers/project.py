@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -105,3 +106,15 @@ def tiny_pipeline_params(work: Path) -> None:
                                 "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "profile": False})  # fmt: skip
     params["tracking"]["enabled"] = False
     (work / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def with_network(trained: Path, work: Path, source: str, file: str = "nets/toy.py") -> dict[str, Any]:
+    """`work`: `trained`'s prepared data and params, with a network of the project's own (`source` written to
+    `file`, named `file:build`, one member, one epoch); its raw params."""
+    shutil.copytree(trained / "data", work / "data", symlinks=True)
+    (work / file).parent.mkdir(parents=True)
+    (work / file).write_text(source)
+    raw = yaml.safe_load((trained / "params.yaml").read_text())
+    raw["model"].update({"name": f"{file}:build", "members": 1})
+    raw["train"].update({"epochs": 1})
+    return raw

@@ -728,16 +728,15 @@ def build(spec: NetSpec) -> nn.Module:
 def test_the_pruner_is_chosen_by_the_networks_structure_not_its_name(tmp_path: Path) -> None:
     """Chains of convolutions (ours) are pruned filter by filter; a residual addition or a depthwise convolution
     (in a network of yours as in a library's) sends the network to Torch-Pruning's dependency graph."""
-    import importlib.util
+    import contextlib
 
+    from pipeline import architectures
     from pipeline.architectures import NetSpec
     from pipeline.optimize import prune
 
     (tmp_path / "residual.py").write_text(RESIDUAL)
-    spec = importlib.util.spec_from_file_location("residual_toy", tmp_path / "residual.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    residual = module.build(NetSpec(MEAN, STD, 16, 5))
+    with contextlib.chdir(tmp_path):  # a project file's network, as model.name names it
+        residual = architectures.builder("residual.py:build")(NetSpec(tuple(MEAN), tuple(STD), 16, 5))
     assert not prune.plain_chain(residual, 16)
     assert prune.plain_chain(nets.build("signnet", MEAN, STD, 16, width=4, members=2), 16)
     assert prune.plain_chain(nets.build("trafficsignnet", MEAN, STD, 32, num_classes=5), 32)
@@ -751,20 +750,13 @@ def test_a_residual_network_of_yours_is_pruned_and_passes_optimize(tiny_project:
     through the dependency graph (the stem's and the block's channels cut together) and ships what passed."""
     import contextlib
     import json
-    import shutil
-
-    import yaml
 
     from pipeline.config import parse_params
     from pipeline.stages import optimize, train
+    from tests.helpers.project import with_network
 
     work = tmp_path / "project"
-    shutil.copytree(tiny_project / "data", work / "data", symlinks=True)
-    (work / "nets").mkdir()
-    (work / "nets" / "residual.py").write_text(RESIDUAL)
-    raw = yaml.safe_load((tiny_project / "params.yaml").read_text())
-    raw["model"].update({"name": "nets/residual.py:build", "members": 1})
-    raw["train"].update({"epochs": 1})
+    raw = with_network(tiny_project, work, RESIDUAL, "nets/residual.py")
     raw["optimize"] = {**raw.get("optimize", {}), "prune_amount": 0.5, "finetune_epochs": 1, "student_width": 0}
     params = parse_params(raw)
     with contextlib.chdir(work):
