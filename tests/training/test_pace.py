@@ -29,12 +29,16 @@ def test_candidate_sides_go_down_in_steps_of_16_from_the_largest() -> None:
 
 def test_a_real_step_is_timed_and_a_larger_side_is_slower() -> None:
     torch.manual_seed(0)
+    # Two 32-channel convolutions: at 160 px the step is compute-bound (about 100x the pixels of 16 px), so the
+    # machine's noise cannot turn the order around; the best of interleaved rounds drops a round a neighbour slowed.
     net = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5),
     )
-    small = pace.images_per_second(net, 16, 8, 5, torch.device("cpu"), None)
-    large = pace.images_per_second(net, 96, 8, 5, torch.device("cpu"), None)
-    assert small > large > 0
+    rounds = [(pace.images_per_second(net, 16, 8, 5, torch.device("cpu"), None),
+               pace.images_per_second(net, 160, 8, 5, torch.device("cpu"), None)) for _ in range(3)]  # fmt: skip
+    small, large = max(r[0] for r in rounds), max(r[1] for r in rounds)
+    assert small > 2 * large > 0, rounds
     assert net.training and net[0].weight.grad is not None  # the timing trained: forward, backward, update
 
 
