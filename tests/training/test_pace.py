@@ -32,8 +32,13 @@ def test_a_real_step_is_timed_and_a_larger_side_is_slower() -> None:
     # Two 32-channel convolutions: at 160 px the step is compute-bound (about 100x the pixels of 16 px), so the
     # machine's noise cannot turn the order around; the best of interleaved rounds drops a round a neighbour slowed.
     net = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5),
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 5),
     )
     rounds = [(pace.images_per_second(net, 16, 8, 5, torch.device("cpu"), None),
                pace.images_per_second(net, 160, 8, 5, torch.device("cpu"), None)) for _ in range(3)]  # fmt: skip
