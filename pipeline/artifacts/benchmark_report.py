@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.artifacts import REPORTS_DIR
 from pipeline.artifacts._files import read_model, write_text_atomic
+from pipeline.artifacts.variants import TRAINED
 from pipeline.runtimes import baseline_backend
 
 REPORT_PATH = REPORTS_DIR / "benchmark" / "report.json"
@@ -36,8 +37,8 @@ BF16_FPMATH = "bf16-fpmath"  # oneDNN on, its fp32 math in bf16 (CPUs with nativ
 
 # PyTorch's default: fp32 eager, oneDNN on, all threads. What users would otherwise run; the speed-ups that the
 # card and the MLflow parent run quote are against it. The eager backend is the table's baseline (pipeline.runtimes).
-DEFAULT_EAGER = ("fp32", baseline_backend(), ONEDNN_ON)  # what users run without us: PyTorch's defaults
-ONEDNN_OFF_EAGER = ("fp32", baseline_backend(), ONEDNN_OFF)  # the learning path's "OpenBLAS" row: ATen + BLAS
+DEFAULT_EAGER = (TRAINED, baseline_backend(), ONEDNN_ON)  # what users run without us: PyTorch's defaults
+ONEDNN_OFF_EAGER = (TRAINED, baseline_backend(), ONEDNN_OFF)  # the learning path's "OpenBLAS" row: ATen + BLAS
 
 
 def best_eager(

@@ -20,6 +20,9 @@ from pipeline.images.preprocess import NO_CROP, Framing, Interpolation, Resize
 MANIFEST_NAME = "manifest.json"
 VARIANTS_FOLDER = "variants"  # models/variants/: the accepted variants' files
 SCHEMA_VERSION = 1
+# The trained model as a variant: the first optimize makes (pipeline/optimize/families), the gate's reference, the
+# benchmark's baseline.
+TRAINED = "fp32"
 
 Format = Literal["torch-state-dict", "torch-export", "onnx"]
 

@@ -13,7 +13,6 @@ labels only fill the report (`served_accuracy`), read once by evaluate for the h
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from pipeline import console
@@ -29,14 +27,14 @@ from pipeline.architectures import nets
 from pipeline.artifacts import model as model_file
 from pipeline.artifacts.checksum import sha256_of
 from pipeline.artifacts.prepared import PREPARED_DIR, ModelInput, PreparedManifest, read_split
-from pipeline.artifacts.variants import InputSpec, ModelManifest, Parity, Preprocess, Variant
+from pipeline.artifacts.variants import TRAINED, InputSpec, ModelManifest, Parity, Preprocess, Variant
 from pipeline.config import OptimizeConfig, Params
 from pipeline.errors import StageError
 from pipeline.images.served_input import served_test_input
 from pipeline.machine.memory_budget import Budget
-from pipeline.optimize import export, prune, quantize
-from pipeline.optimize.finetune import distill_student, finetune
-from pipeline.runtimes import TORCH_COMPILE, open_file, runtimes_for
+from pipeline.optimize import export, quantize
+from pipeline.optimize.families import VARIANT_FAMILIES, MetricLogger, family
+from pipeline.runtimes import open_file, runtimes_for
 
 
 def load_images(split: str, image_size: int) -> ModelInput:
@@ -163,24 +161,12 @@ class VariantMaker:
                     f"accuracy drop {100 * drop:.2f} points > {100 * self.cfg.max_accuracy_drop:.2f} allowed"
                 )
             if c.reference_logits is not None:
-                p = export.parity(
-                    c.reference_logits,
-                    logits,
-                    self.cfg.parity_max_abs_diff,
-                    self.cfg.parity_min_top1_agreement,
-                    self.cfg.parity_max_rel_diff,
-                )
-                parity_entry = Parity(
-                    reference=c.source,
-                    max_abs_diff=p.max_abs_diff,
-                    max_rel_diff=p.max_rel_diff,
-                    top1_agreement=p.top1_agreement,
-                    passed=p.passed,
-                )
-                if not p.passed:
+                parity_entry = self.parity(c, c.reference_logits, logits)
+                if not parity_entry.passed:
                     reasons.append(
-                        f"parity with {c.source} failed (max |diff| {p.max_abs_diff:.2e}, "
-                        f"{p.max_rel_diff:.2e} of the image's largest logit, top-1 agreement {p.top1_agreement:.4f})"
+                        f"parity with {c.source} failed (max |diff| {parity_entry.max_abs_diff:.2e}, "
+                        f"{parity_entry.max_rel_diff:.2e} of the image's largest logit, "
+                        f"top-1 agreement {parity_entry.top1_agreement:.4f})"
                     )
         accepted = made and not reasons
         variant = Variant(
@@ -203,15 +189,17 @@ class VariantMaker:
             details={k: v for k, v in c.details.items() if isinstance(v, str | int | float | bool)},
         )
         self.results.append(variant)
-        state = "accepted" if accepted else f"REJECTED ({variant.reason})"
-        served = f"served {variant.served_accuracy:.4f}, " if variant.served_accuracy is not None else ""
-        on_gate = variant.details.get("gate_accuracy")
-        gate = (
-            "" if on_gate is None else f"gate {float(on_gate):.4f} on {variant.details['gate_images']} served images, "
-        )
-        console.log(f"{c.name}: {served}{gate}ROI top-1 {accuracy:.4f}; {-100 * drop:+.2f} points on the gate, {state}")
         self.last_logits = logits
+        console.log(judged_line(variant))
         return variant
+
+    def parity(self, c: Candidate, reference: np.ndarray, logits: np.ndarray) -> Parity:
+        """An export's logits against its source's on the same test images (`optimize.parity_*` bounds)."""
+        cfg = self.cfg
+        p = export.parity(reference, logits, cfg.parity_max_abs_diff, cfg.parity_min_top1_agreement,
+                          cfg.parity_max_rel_diff)  # fmt: skip
+        return Parity(reference=c.source, max_abs_diff=p.max_abs_diff, max_rel_diff=p.max_rel_diff,
+                      top1_agreement=p.top1_agreement, passed=p.passed)  # fmt: skip
 
     def attempt(self, c: Candidate, make: Callable[[], object]) -> Variant:
         """Make a candidate's file (a failure rejects it with the reason) and judge it."""
@@ -228,24 +216,28 @@ class VariantMaker:
         console.log(f"{c.name}: made in {time.perf_counter() - started:.1f} s; checking accuracy and parity")
         return self.judge(c)
 
-    def torch_family(self, prefix: str, model: nn.Module, like: dict[str, Any], extra: dict[str, Any]) -> None:
-        """`<prefix>` (torch fp32) then `<prefix>-onnx` and `<prefix>-int8-onnx` from it."""
+    def torch_family(self, prefix: str, model: nn.Module, payload: dict[str, Any], settings: dict[str, Any]) -> None:
+        """`<prefix>` (a torch fp32 file) then `<prefix>-onnx` and `<prefix>-int8-onnx` from it (the trained
+        model's are fp32-onnx and int8-onnx); `settings` go into each one's details."""
         params = nets.count_parameters(model)
-        extra = {**extra, "macs": nets.count_macs(model, self.image_size)}  # the same graph in every format
-        fp32 = Candidate(prefix, f"{prefix}.pt", "torch-state-dict", runtimes_for("torch-state-dict"), "fp32", params)
-        fp32.details.update(extra)
-        self.attempt(fp32, lambda: model_file.write_like(self.staging / fp32.file, model, like, variant=prefix))
+        settings = {**settings, "macs": nets.count_macs(model, self.image_size)}  # the same graph in every format
+        fmt = "torch-state-dict"
+        torch_file = Candidate(prefix, f"{prefix}.pt", fmt, runtimes_for(fmt), "fp32", params)
+        torch_file.details.update(settings)
+        self.attempt(
+            torch_file, lambda: model_file.write_like(self.staging / torch_file.file, model, payload, variant=prefix)
+        )
         torch_logits = self.last_logits
-        onnx_name = "fp32-onnx" if prefix == "fp32" else f"{prefix}-onnx"
+        onnx_name = f"{prefix}-onnx"
         onnx = Candidate(onnx_name, f"{onnx_name}.onnx", "onnx", runtimes_for("onnx"), "fp32", params, prefix)
         onnx.reference_logits = torch_logits
-        onnx.details["macs"] = extra["macs"]
+        onnx.details["macs"] = settings["macs"]
         exported = self.attempt(onnx, lambda: export.export_onnx(model, self.staging / onnx.file, self.image_size))
         if not self.cfg.int8_onnx or not (self.staging / onnx.file).exists() or exported.reason.startswith("could not"):
             return
-        int8_name = "int8-onnx" if prefix == "fp32" else f"{prefix}-int8-onnx"
+        int8_name = "int8-onnx" if prefix == TRAINED else f"{prefix}-int8-onnx"
         int8 = Candidate(int8_name, f"{int8_name}.onnx", "onnx", runtimes_for("onnx"), "int8", params, onnx_name)
-        int8.details["macs"] = extra["macs"]
+        int8.details["macs"] = settings["macs"]
 
         def make_int8() -> None:
             batch = self.budget.calibration_batch(quantize.CALIBRATION_BATCH, "int8 calibration batch")
@@ -257,112 +249,28 @@ class VariantMaker:
 
         self.attempt(int8, make_int8)
 
-    def run(self, model: nn.Module, payload: dict[str, Any], log: Callable[..., None]) -> None:
-        cfg = self.cfg
-        self.torch_family("fp32", model, payload, {})
+    def run(self, model: nn.Module, payload: dict[str, Any], log: MetricLogger) -> None:
+        """Every family of the table that `optimize.*` asks for, in the table's order (the trained model first)."""
+        for name in VARIANT_FAMILIES:
+            made = family(name)
+            if made.wanted(self.cfg):
+                made.make(self, name, model, payload, log)
 
-        if cfg.int8_torch:
-            c = Candidate(
-                "int8-pt2e",
-                "int8-pt2e.pt2",
-                "torch-export",
-                runtimes_for("torch-export", first=TORCH_COMPILE),  # pt2e int8 runs int8 kernels compiled only
-                "int8",
-                nets.count_parameters(model),
-                "fp32",
-            )
 
-            def make_pt2e() -> None:
-                batch = self.budget.eval_batch(quantize.CALIBRATION_BATCH, "int8 calibration batch")
-                c.details.update(
-                    quantize.quantize_pt2e(model, self.calibration, self.staging / c.file, batch_size=batch),
-                    machine=platform.machine(),
-                )
-
-            self.attempt(c, make_pt2e)
-
-        native = quantize.has_native_bf16()
-        if cfg.bf16 == "on" or (cfg.bf16 == "auto" and native):
-            bf16_model = model_file.read(self.staging / "fp32.pt")[0].to(torch.bfloat16)
-            c = Candidate(
-                "bf16",
-                "bf16.pt",
-                "torch-state-dict",
-                runtimes_for("torch-state-dict"),
-                "bf16",
-                nets.count_parameters(model),
-            )
-            c.details["native_bf16"] = native
-            c.source = "fp32"
-            self.attempt(c, lambda: model_file.write_like(self.staging / c.file, bf16_model, payload, variant="bf16"))
-        else:
-            console.log("bf16: skipped (this CPU has no native bf16; set optimize.bf16 to `on` to force it)")
-
-        if cfg.prune_amount > 0:
-            pruned = prune.keep_members(model_file.read(self.staging / "fp32.pt")[0], cfg.prune_members)
-            members = len(pruned.members) if isinstance(pruned, nets.Committee) else 1
-            like = {**payload, "arch": {**payload["arch"], "members": members}}
-            if prune.plain_chain(pruned, self.image_size):
-                report = prune.prune_filters(pruned, cfg.prune_amount, cfg.prune_norm, cfg.prune_multiple)
-            else:  # branches (residual additions, depthwise convolutions): Torch-Pruning's dependency graph
-                report = prune.prune_graph(
-                    pruned, cfg.prune_amount, self.image_size, cfg.prune_norm, cfg.prune_multiple
-                )
-            console.log(
-                f"pruned {cfg.prune_amount:.0%} of the filters ({cfg.prune_norm}) of {like['arch']['members']} "
-                f"member(s): channels {report.channels_before} -> {report.channels_after}; "
-                f"fine-tuning {cfg.finetune_epochs} epoch(s)"
-            )
-            pruned = finetune(pruned, self.params, log, teacher=model_file.read(self.staging / "fp32.pt")[0].eval())
-            extra = {
-                "channels_before": str(report.channels_before),
-                "channels_after": str(report.channels_after),
-                "prune_amount": cfg.prune_amount,
-                "prune_norm": cfg.prune_norm,
-                "prune_multiple": cfg.prune_multiple,
-                "prune_members": int(like["arch"]["members"]),
-                "finetune_epochs": cfg.finetune_epochs,
-                "finetune_distill": cfg.finetune_distill,
-            }
-            self.torch_family("pruned", pruned, like, extra)
-
-        if cfg.student_width > 0 or cfg.student:
-            self.student(model, payload, log)
-
-    def student(self, teacher: nn.Module, payload: dict[str, Any], log: Callable[..., None]) -> None:
-        """`student`, `student-onnx`, `student-int8-onnx`: one network of `optimize.student_width`, trained from
-        scratch on the trained model's soft targets plus labels, then exported and quantized like the others.
-        The teacher is only read (eval mode), so the trained model itself serves, unlike pruning's copy."""
-        cfg = self.cfg
-        arch = {**payload["arch"], "width": cfg.student_width or payload["arch"].get("width", 32), "members": 1}
-        if cfg.student:  # another architecture: fresh weights (the teacher's initial weights do not fit it)
-            arch = {**{k: v for k, v in arch.items() if k != "weights"}, "name": cfg.student}
-        torch.manual_seed(cfg.seed)
-        student = nets.build_from_arch(arch, payload["mean"], payload["std"])
-        macs_teacher = nets.count_macs(teacher, self.image_size)
-        macs_student = nets.count_macs(student, self.image_size)
-        console.log(
-            f"student: {arch['name']}"
-            + (f" width {arch['width']}" if not nets.is_backbone(str(arch["name"])) else "")
-            + f", {macs_student / 1e6:.1f} M multiply-adds "
-            f"({macs_student / macs_teacher:.0%} of the trained model's {macs_teacher / 1e6:.1f} M); distilling for "
-            f"{cfg.student_epochs} epoch(s)"
-        )
-        started = time.perf_counter()
-        student = distill_student(student, teacher, self.params, log)
-        extra = {
-            "student_of": "fp32",
-            "student_width": cfg.student_width,
-            "student_architecture": str(arch["name"]),
-            "student_epochs": cfg.student_epochs,
-            "student_distill": cfg.student_distill,
-            "student_train_seconds": round(time.perf_counter() - started, 1),
-        }
-        self.torch_family("student", student, {**payload, "arch": arch}, extra)
+def judged_line(variant: Variant) -> str:
+    """The log's line for a judged variant: its figures and whether it ships."""
+    state = "accepted" if variant.accepted else f"REJECTED ({variant.reason})"
+    served = f"served {variant.served_accuracy:.4f}, " if variant.served_accuracy is not None else ""
+    on_gate = variant.details.get("gate_accuracy")
+    gate = "" if on_gate is None else f"gate {float(on_gate):.4f} on {variant.details['gate_images']} served images, "
+    return (
+        f"{variant.name}: {served}{gate}ROI top-1 {variant.accuracy:.4f}; {-100 * variant.accuracy_drop:+.2f} points "
+        f"on the gate, {state}"
+    )
 
 
 def build_manifest(
-    params: Params, prepared: PreparedManifest, payload: dict[str, Any], opt: VariantMaker
+    params: Params, prepared: PreparedManifest, payload: dict[str, Any], maker: VariantMaker
 ) -> ModelManifest:
     size = prepared.image_size
     return ModelManifest(
@@ -383,10 +291,10 @@ def build_manifest(
         ),
         input=InputSpec(name=export.INPUT_NAME, shape=[-1, 3, size, size]),
         output=InputSpec(name=export.OUTPUT_NAME, shape=[-1, len(prepared.classes)]),
-        baseline_accuracy=float(opt.baseline or 0.0),
-        test_images=len(opt.test.labels),
+        baseline_accuracy=float(maker.baseline or 0.0),
+        test_images=len(maker.test.labels),
         max_accuracy_drop=params.optimize.max_accuracy_drop,
-        variants=opt.results,
+        variants=maker.results,
     )
 
 

@@ -26,7 +26,7 @@ from pipeline.artifacts import evaluation as evaluation_file
 from pipeline.artifacts import predictions as predictions_file
 from pipeline.artifacts import serving as serving_file
 from pipeline.artifacts.prepared import PREPARED_DIR, DataSubject, PreparedManifest, read_manifest
-from pipeline.artifacts.variants import ModelManifest, Variant
+from pipeline.artifacts.variants import TRAINED, ModelManifest, Variant
 from pipeline.artifacts.variants import read_manifest as read_model_manifest
 from pipeline.classification_metrics import compute_metrics
 from pipeline.config import Params
@@ -89,7 +89,7 @@ def build(
     )
     pairs = Counter((a, p) for a, p in zip(labels, predicted, strict=True) if a != p)
     per_class, worst = _class_results(prepared, figures, labels, predicted, pairs, predictions.classes)
-    trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == "fp32"), None)
+    trained_macs = next((v.details.get("macs") for v in manifest.variants if v.name == TRAINED), None)
     return model_card.ModelCard(
         model_name=params.serve.model_name,
         architecture=manifest.architecture,

@@ -6,9 +6,8 @@
         variants.md}; one MLflow run whose accepted variants are registered as versions of
         `tracking.registered_model_name`.
 
-Variants: fp32 (the trained model), fp32-onnx, int8-onnx, int8-pt2e, bf16 (native bf16 CPUs only, or
-bf16=on); with optimize.prune_amount > 0: pruned, pruned-onnx, pruned-int8-onnx; with optimize.student_width > 0
-(the speed profile): student, student-onnx, student-int8-onnx.
+Variants: the families of pipeline/optimize/families (one module each, one line in its table) that optimize.* asks
+for: the trained model (fp32, fp32-onnx, int8-onnx) always, then int8-pt2e, bf16, pruned and student ones.
 """
 
 from __future__ import annotations
@@ -107,12 +106,12 @@ def run(params: Params) -> None:
     staging = MODELS_DIR / "variants.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    opt = VariantMaker(params, staging, prepared, budget)
+    maker = VariantMaker(params, staging, prepared, budget)
     with stage_run("optimize", params, {"optimize": cfg.model_dump(mode="json")}) as mlrun:
         mlrun.set_tags({"machine": platform.machine(), "torch": torch.__version__})
-        opt.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
+        maker.run(model, payload, lambda m, s: mlrun.log_metrics(m, step=s))
         # Ship: only accepted files move into models/variants/, then the manifest naming them is written.
-        manifest = variants_file.publish(staging, build_manifest(params, prepared, payload, opt))
+        manifest = variants_file.publish(staging, build_manifest(params, prepared, payload, maker))
         manifest_path = MODELS_DIR / variants_file.MANIFEST_NAME
 
         OPTIMIZE_REPORTS.mkdir(parents=True, exist_ok=True)
