@@ -1,5 +1,6 @@
 """The package's structure, as a maintainer relies on it: stages never import each other, every stage's
-dvc.yaml code deps cover what it imports, and only pipeline/artifacts/ opens the files stages hand each other."""
+dvc.yaml code deps cover what it imports, only pipeline/artifacts/ opens the files stages hand each other, and
+functions and modules stay short."""
 
 from __future__ import annotations
 
@@ -155,3 +156,22 @@ def test_no_product_module_imports_the_lab() -> None:
             if any(name == "benchmarks" or name.startswith("benchmarks.") for name in names):
                 offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 500
+
+
+def test_functions_read_at_once_and_modules_keep_to_one_seam() -> None:
+    """No function in pipeline/ longer than a screen, no module longer than one job needs."""
+    long_functions, long_modules = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(REPO))
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert (long_functions, long_modules) == ([], [])

@@ -99,11 +99,22 @@ def check_gate(params: Params) -> str:
     return sha256
 
 
+def _access_log_to_stdout() -> None:
+    """One JSON line per request on stdout, beside uvicorn's own log."""
+    import logging
+
+    access = logging.getLogger("pipeline.access")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
+
+
 def serve_one(
     params: Params, sock: socket.socket | None, worker: int | None = None, source: ModelSource | None = None
 ) -> None:
     import gc
-    import logging
 
     import uvicorn
 
@@ -120,13 +131,8 @@ def serve_one(
         f"{who}: {model.variant} on {model.backend} ({model.threads} threads), version {model.version} "
         f"({registered}), http://{config.host}:{config.port}{grpc_note}"
     )
-    if config.access_log:  # one JSON line per request on stdout, beside uvicorn's own log
-        access = logging.getLogger("pipeline.access")
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
-        access.setLevel(logging.INFO)
-        access.propagate = False
+    if config.access_log:
+        _access_log_to_stdout()
     app = create_app(config, model)
     # Every request allocates a few thousand short-lived objects: with the long-lived heap (modules,
     # the model session, the app) frozen out of the collector and a larger first generation, garbage

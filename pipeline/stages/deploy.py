@@ -32,6 +32,7 @@ from pipeline.ship import container
 from pipeline.ship import docker_engine as eng
 
 REPORT_DIR = REPORTS_DIR / "deploy"
+EXPECTED_FROM = f"evaluate ({predictions_file.PREDICTIONS_PATH})"  # what the container's answers are held to
 
 
 def load_test_split(limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +105,28 @@ def run(params: Params) -> None:
     if config.target == "registry":
         ref = _through_registry(engine, config, image, report)
 
+    running, result, originals = _smoke_in_container(engine, ref, params, images, labels, report)
+    differing = _compare_with_evaluate(report, image, result, originals, reference)
+    _write_reports(report, originals)
+    log(
+        f"deploy: accuracy through the API {result.accuracy:.4f} on {result.images} images "
+        f"(expected {reference.accuracy:.4f} from {EXPECTED_FROM}; PNG path agrees on "
+        f"{result.png_agree}/{result.png_checked})"
+        + (
+            f"; stopped in {report['stop_seconds']:.1f} s"
+            if "stop_seconds" in report
+            else f"; running at {running.url}"
+        )
+    )
+    _gate(config, image.variant, result, report, originals, differing)
+
+
+def _smoke_in_container(
+    engine: eng.DockerEngine, ref: str, params: Params, images: np.ndarray, labels: np.ndarray, report: dict[str, Any]
+) -> tuple[container.Running, SmokeResult, dict[str, Any] | None]:
+    """Start the image, smoke-test it (the prepared test images as tensors, the original files through the API),
+    then stop and remove it unless `deploy.keep_running`; (container, smoke result, originals' figures)."""
+    config = params.deploy
     log(f"deploy: starting {ref} as container {config.container_name} ...")
     ensure_free("127.0.0.1", config.host_port, "deploy.host_port")
     running = container.start(engine, ref, config.container_name, config.host_port, config.ready_timeout_s)
@@ -122,13 +145,23 @@ def run(params: Params) -> None:
         stop_seconds, exit_code = container.stop(engine, running.name)
         container.remove(engine, running.name)
         report |= {"stop_seconds": round(stop_seconds, 2), "exit_code": exit_code}
-    expected_source = f"evaluate ({predictions_file.PREDICTIONS_PATH})"
+    return running, result, originals
+
+
+def _compare_with_evaluate(
+    report: dict[str, Any],
+    image: image_file.ImageRecord,
+    result: SmokeResult,
+    originals: dict[str, Any] | None,
+    reference: predictions_file.Predictions,
+) -> dict[str, list[int]]:
+    """The container's answers beside evaluate's, into `report`; the images on which each path differs."""
     tensor_differing = mismatches(result.predictions, reference.predicted)
     report |= {
         "images": result.images,
         "accuracy": result.accuracy,
         "expected_accuracy": reference.accuracy,
-        "expected_from": expected_source,
+        "expected_from": EXPECTED_FROM,
         "evaluate_accuracy": reference.accuracy,
         "agreement_with_evaluate": 1 - len(tensor_differing) / max(1, result.images),
         "png_checked": result.png_checked,
@@ -148,18 +181,7 @@ def run(params: Params) -> None:
             "expected_served_accuracy": reference.served_accuracy if reference.served_predicted else None,
         }
     report["per_image_mismatches"] = differing
-    _write_reports(report, originals)
-    log(
-        f"deploy: accuracy through the API {result.accuracy:.4f} on {result.images} images "
-        f"(expected {reference.accuracy:.4f} from {expected_source}; PNG path agrees on "
-        f"{result.png_agree}/{result.png_checked})"
-        + (
-            f"; stopped in {report['stop_seconds']:.1f} s"
-            if "stop_seconds" in report
-            else f"; running at {running.url}"
-        )
-    )
-    _gate(config, image.variant, result, report, originals, differing)
+    return differing
 
 
 def _engine_or_skip(config: DeployConfig, image: image_file.ImageRecord) -> eng.DockerEngine | None:

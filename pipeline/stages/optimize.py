@@ -93,6 +93,30 @@ def _blank_png(size: int) -> bytes:
     return out.getvalue()
 
 
+def report_metrics(manifest: variants_file.ModelManifest) -> dict[str, Any]:
+    """reports/optimize/metrics.json: what shipped, what was rejected and why, each variant's figures."""
+    variants: dict[str, Any] = {}
+    for v in manifest.variants:
+        figures: dict[str, Any] = {"accuracy": v.accuracy, "accuracy_drop": v.accuracy_drop}
+        if v.served_accuracy is not None:
+            figures["served_accuracy"] = v.served_accuracy
+        figures |= {"size_bytes": v.size_bytes, "parameters": v.parameters, "accepted": v.accepted}
+        if v.parity:
+            figures |= {
+                "parity_max_abs_diff": v.parity.max_abs_diff,
+                "parity_max_rel_diff": v.parity.max_rel_diff,
+                "parity_top1_agreement": v.parity.top1_agreement,
+            }
+        variants[v.name] = figures
+    return {
+        "baseline_accuracy": manifest.baseline_accuracy,
+        "test_images": manifest.test_images,
+        "shipped": [v.name for v in manifest.accepted()],
+        "rejected": {v.name: v.reason for v in manifest.variants if not v.accepted},
+        "variants": variants,
+    }
+
+
 def run(params: Params) -> None:
     cfg = params.optimize
     prepared = read_manifest(PREPARED_DIR)
@@ -115,32 +139,7 @@ def run(params: Params) -> None:
         manifest_path = MODELS_DIR / variants_file.MANIFEST_NAME
 
         OPTIMIZE_REPORTS.mkdir(parents=True, exist_ok=True)
-        metrics: dict[str, Any] = {
-            "baseline_accuracy": manifest.baseline_accuracy,
-            "test_images": manifest.test_images,
-            "shipped": [v.name for v in manifest.accepted()],
-            "rejected": {v.name: v.reason for v in manifest.variants if not v.accepted},
-            "variants": {
-                v.name: {
-                    "accuracy": v.accuracy,
-                    "accuracy_drop": v.accuracy_drop,
-                    **({"served_accuracy": v.served_accuracy} if v.served_accuracy is not None else {}),
-                    "size_bytes": v.size_bytes,
-                    "parameters": v.parameters,
-                    "accepted": v.accepted,
-                    **(
-                        {
-                            "parity_max_abs_diff": v.parity.max_abs_diff,
-                            "parity_max_rel_diff": v.parity.max_rel_diff,
-                            "parity_top1_agreement": v.parity.top1_agreement,
-                        }
-                        if v.parity
-                        else {}
-                    ),
-                }
-                for v in manifest.variants
-            },
-        }
+        metrics = report_metrics(manifest)
         (OPTIMIZE_REPORTS / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (OPTIMIZE_REPORTS / "variants.md").write_text(markdown_table(manifest))
 

@@ -41,6 +41,17 @@ class Server:
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
+    def file_classes(self, files: list[bytes]) -> list[int]:
+        """The classes the same variant gives image files framed as served (the server's own decode, here)."""
+        from pipeline.config import ServeConfig
+        from pipeline.images.preprocess import MAX_PIXELS
+        from pipeline.serve.model import load_served_model
+        from pipeline.serve.protocol import decode_images
+
+        framing = load_served_model(self.models_dir, ServeConfig(variant="fp32-onnx", threads=1)).framing
+        batch = decode_images([(bytes(f), None) for f in files], framing, MAX_PIXELS)
+        return [int(c) for c in self.direct_probabilities(batch).argmax(axis=1)]
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGINT)
