@@ -1,5 +1,5 @@
 """The variant families' table (pipeline/optimize/families): a toy family (tests/optimize/toy_family.py) and its one
-line are made and gated by optimize, timed by the benchmark, and served; a family that params do not ask for is not
+line are made and gated by optimize, timed by the benchmark, measured by evaluate and served; a family that params do not ask for is not
 made; one whose file cannot be made is rejected with the reason and the rest still ship."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_the_trained_model_is_the_first_family() -> None:
     assert next(iter(VARIANT_FAMILIES)) == TRAINED
 
 
-def test_a_new_variant_is_made_gated_benchmarked_and_served(
+def test_a_new_variant_is_made_gated_benchmarked_evaluated_and_served(
     tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In this process: the benchmark's workers measure here (a fresh interpreter would read the table without the
@@ -43,7 +43,7 @@ def test_a_new_variant_is_made_gated_benchmarked_and_served(
     from pipeline.benchmarking.setups import Result, Setup
     from pipeline.config import BenchmarkConfig, ServeConfig, parse_params
     from pipeline.serve.model import load_served_model
-    from pipeline.stages import benchmark, optimize
+    from pipeline.stages import benchmark, evaluate, optimize
 
     monkeypatch.setitem(VARIANT_FAMILIES, TOY, "tests.optimize.toy_family")  # the one line
 
@@ -54,8 +54,8 @@ def test_a_new_variant_is_made_gated_benchmarked_and_served(
     monkeypatch.setattr(worker, "run_setup", in_process)
     raw = _project(tiny_project, tmp_path / "project")
     raw["benchmark"] = {"threads": [0], "min_seconds": 0.05, "latency_calls": 5, "warmup": 1, "profile": False,
-                        "backends": ["torch-eager"], "serving_backends": ["torch-eager"], "max_accuracy_drop": 0.05,
-                        "headline_rounds": 0}  # fmt: skip
+                        "backends": ["onnxruntime"], "max_accuracy_drop": 0.05, "headline_rounds": 0}  # fmt: skip
+    raw["containerize"] = {"variant": TOY}  # the image ships it: evaluate measures it
     monkeypatch.chdir(tmp_path / "project")
     optimize.run(parse_params(raw))
 
@@ -71,8 +71,12 @@ def test_a_new_variant_is_made_gated_benchmarked_and_served(
     timed = {r["setup"]["variant"] for r in report["results"] if r["status"] == "ok"}
     assert TOY in timed
 
+    evaluate.run(parse_params(raw))
+    evaluated = json.loads(Path("reports/evaluate/metrics.json").read_text())
+    assert evaluated["variant"] == TOY and evaluated["accuracy"] == pytest.approx(toy["served_accuracy"])
+
     served = load_served_model(Path("models"), ServeConfig(variant=TOY, threads=1))
-    trained = load_served_model(Path("models"), ServeConfig(variant=TRAINED, threads=1))
+    trained = load_served_model(Path("models"), ServeConfig(variant=f"{TRAINED}-onnx", threads=1))
     assert served.variant == TOY
     size = manifest["input"]["shape"][-1]
     images = np.random.default_rng(0).random((8, 3, size, size), dtype=np.float32)
@@ -82,24 +86,24 @@ def test_a_new_variant_is_made_gated_benchmarked_and_served(
 def test_a_family_that_cannot_be_made_is_rejected_and_the_rest_ship(
     tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.artifacts import model as model_file
     from pipeline.config import parse_params
+    from pipeline.optimize import export
     from pipeline.stages import optimize
 
     monkeypatch.setitem(VARIANT_FAMILIES, TOY, "tests.optimize.toy_family")
 
     raw = _project(tiny_project, tmp_path / "project")
     monkeypatch.chdir(tmp_path / "project")
-    real_write = model_file.write_like
+    real_export = export.export_onnx
 
-    def write_like(path: Path, model: Any, like: Any, **extra: Any) -> Path:
-        if extra.get("variant") == TOY:
+    def export_onnx(model: Any, path: Path, image_size: int) -> Any:
+        if path.name.startswith(TOY):
             raise RuntimeError("disk full")
-        return real_write(path, model, like, **extra)
+        return real_export(model, path, image_size)
 
-    monkeypatch.setattr("pipeline.artifacts.model.write_like", write_like)
+    monkeypatch.setattr(export, "export_onnx", export_onnx)
     optimize.run(parse_params(raw))
     manifest = json.loads(Path("models/manifest.json").read_text())
     made = {v["name"]: v for v in manifest["variants"]}
     assert not made[TOY]["accepted"] and "could not be made: RuntimeError: disk full" in made[TOY]["reason"]
-    assert made[TRAINED]["accepted"] and not Path("models/variants", f"{TOY}.pt").exists()
+    assert made[TRAINED]["accepted"] and not Path("models/variants", f"{TOY}.onnx").exists()

@@ -1,6 +1,7 @@
 """The toy variant family of tests/optimize/test_families.py: this one file and one line in VARIANT_FAMILIES make a
-variant that optimize makes and gates, the benchmark times and the server serves. The trained model with every
-weight rounded to half precision and kept in fp32: a torch file any torch backend opens."""
+variant that optimize makes and gates, the benchmark times, evaluate measures and the server serves. The trained
+model with every weight rounded to half precision, kept in fp32 and exported to ONNX: a file the image's backend
+opens."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipeline.architectures import nets
-from pipeline.artifacts import model as model_file
 from pipeline.artifacts.variants import TRAINED
+from pipeline.optimize import export
 from pipeline.runtimes import runtimes_for
 
 if TYPE_CHECKING:
@@ -34,6 +35,5 @@ def make(maker: VariantMaker, name: str, trained: nn.Module, payload: dict[str, 
         for tensor in rounded.state_dict().values():
             if tensor.is_floating_point():
                 tensor.copy_(tensor.half().float())
-    fmt = "torch-state-dict"
-    c = Candidate(name, f"{name}.pt", fmt, runtimes_for(fmt), "fp32", nets.count_parameters(rounded), TRAINED)
-    maker.attempt(c, lambda: model_file.write_like(maker.staging / c.file, rounded, payload, variant=name))
+    c = Candidate(name, f"{name}.onnx", "onnx", runtimes_for("onnx"), "fp32", nets.count_parameters(rounded), TRAINED)
+    maker.attempt(c, lambda: export.export_onnx(rounded, maker.staging / c.file, maker.image_size))
