@@ -5,9 +5,10 @@ validation images; its activations are cached under `train.checkpoint_dir/featur
 hash, the weights' sha256, the side and the cut, so a second run (another head, another budget) reuses them. A head
 (the classifier) is then fitted on the pooled features in seconds (L-BFGS, a few weight decays and with or without
 the mirror images, chosen on validation), and in what is left of `train.max_minutes` the last `train.tail_blocks`
-blocks are fine-tuned on the cached activations. Validation keeps whichever of the two is better; the kept network's
-classifier is then refitted on training + validation with the settings validation chose. The result is the same one network
-(backbone + head), so optimize, benchmark, evaluate and the server need no other path.
+blocks are fine-tuned on the cached activations. The fine-tune is kept only when validation tells it from chance
+(`Versus`: a best epoch a few images ahead of the head on a few hundred images is often luck); the kept network's
+classifier is then refitted on training + validation with the settings validation chose. The result is the same one
+network (backbone + head), so optimize, benchmark, evaluate and the server need no other path.
 
 A network is cut by the first entry of `CUTS` that can cut it (a Protocol and a table: one class and one line for
 another family); every network can be cut before its classifier (the head only).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from pipeline.data.loader import Split, to_float
 
 FEATURES_VERSION = 1  # bump when what is cached changes
 HEAD_WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)
+KEEP_TAIL_P = 0.05  # the fine-tune's gain on validation must be beyond chance, its best epoch picked among many
 BATCH = 32
 
 
@@ -248,6 +251,8 @@ class Outcome:
     tail_epochs: int
     tail_val_accuracy: float | None
     """The fine-tune's best validation accuracy (None: none ran)."""
+    against_head: Versus | None
+    """The fine-tune's best epoch against the head, image by image on validation (None: none ran)."""
     val_accuracy: float
     """The kept network's validation accuracy (before the head's refit on training + validation)."""
     refit_on_val: bool
@@ -268,13 +273,45 @@ class Outcome:
         refit = "; then its classifier refitted on training + validation" if self.refit_on_val else ""
         if self.kept == "tail":
             return (f"{head}, then its last {self.tail_blocks} block(s) fine-tuned for {self.tail_epochs} epoch(s), "
-                    f"kept: validation {self.tail_val_accuracy:.4f}{refit}")  # fmt: skip
+                    f"kept: validation {self.tail_val_accuracy:.4f} ({self.against_head and self.against_head.describe()})"
+                    f"{refit}")  # fmt: skip
         why = (
-            "no time was left for a fine-tune" if self.tail_val_accuracy is None
+            "no block was fine-tuned (train.tail_blocks 0, or no cut splits this network)" if self.tail_blocks == 0
+            else "no time was left for a fine-tune" if self.tail_val_accuracy is None or self.against_head is None
             else f"a fine-tune of the last {self.tail_blocks} block(s) for {self.tail_epochs} epoch(s) reached "
-            f"{self.tail_val_accuracy:.4f} on validation, no better"
+            f"{self.tail_val_accuracy:.4f} on validation, not better beyond chance ({self.against_head.describe()})"
         )  # fmt: skip
         return f"{head}, kept: {why}{refit}"
+
+
+@dataclass(frozen=True)
+class Versus:
+    """The fine-tune against the head on the same validation images: McNemar's exact test, one-sided."""
+
+    gained: int
+    """Images the fine-tune gets right and the head wrong."""
+    lost: int
+    """Images the head gets right and the fine-tune wrong."""
+    epochs: int
+    """Epochs the best was picked from (the test's threshold is divided by them: Bonferroni)."""
+
+    @classmethod
+    def of(cls, head_right: torch.Tensor, tail_right: torch.Tensor, epochs: int) -> Versus:
+        return cls(int((tail_right & ~head_right).sum()), int((head_right & ~tail_right).sum()), epochs)
+
+    @property
+    def p_value(self) -> float:
+        """The chance of at least `gained` of the disagreements going the fine-tune's way were both as good."""
+        n = self.gained + self.lost
+        return sum(math.comb(n, k) for k in range(self.gained, n + 1)) / 2**n
+
+    @property
+    def tail_wins(self) -> bool:
+        return self.gained > self.lost and self.p_value < KEEP_TAIL_P / max(self.epochs, 1)
+
+    def describe(self) -> str:
+        return (f"{self.gained} validation images gained, {self.lost} lost: p {self.p_value:.3g}, "
+                f"kept below {KEEP_TAIL_P:g} / {self.epochs} epochs")  # fmt: skip
 
 
 def pooled_features(the_cut: Cut, acts: torch.Tensor, batch: int = 256) -> torch.Tensor:
@@ -336,20 +373,31 @@ class TailSettings:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class TailResult:
+    """A fine-tune of the tail: its best epoch on validation, and every epoch's figures."""
+
+    val_accuracy: float
+    history: list[tuple[float, float]]
+    """Each epoch's (mean training loss, validation accuracy)."""
+    state: list[dict[str, torch.Tensor]] | None
+    """The best epoch's tail state (None: no epoch fitted)."""
+    right: torch.Tensor
+    """The best epoch's answers on validation, image by image: right or wrong."""
+
+
 def fine_tune_tail(
     the_cut: Cut, acts: Activations, labels: tuple[torch.Tensor, torch.Tensor], seconds: float, s: TailSettings
-) -> tuple[float, list[tuple[float, float]], list[dict[str, torch.Tensor]] | None]:
+) -> TailResult:
     """AdamW on the tail over the cached (and mirrored) training activations, epoch after epoch while the next
-    fits in `seconds` (at the pace of the last), BatchNorm statistics re-estimated before each validation; returns
-    the best validation accuracy, each epoch's (loss, validation accuracy) and the best epoch's tail state (None: no
-    epoch fitted)."""
+    fits in `seconds` (at the pace of the last), BatchNorm statistics re-estimated before each validation."""
     train_labels, val_labels = labels
     x = torch.cat([acts.train, acts.train_mirrored])
     y = torch.cat([train_labels, train_labels])
     optim = torch.optim.AdamW(the_cut.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     generator = torch.Generator().manual_seed(s.seed)
     deadline, epoch_seconds = time.perf_counter() + seconds, 0.0
-    best: tuple[float, list[dict[str, torch.Tensor]] | None] = (-1.0, None)
+    best = TailResult(-1.0, [], None, torch.zeros(len(val_labels), dtype=torch.bool))
     history: list[tuple[float, float]] = []
     while len(history) < s.max_epochs and time.perf_counter() + epoch_seconds < deadline:
         began, total = time.perf_counter(), 0.0
@@ -365,14 +413,15 @@ def fine_tune_tail(
         precise_batchnorm(the_cut, acts.train)
         the_cut.tail.eval()
         with torch.no_grad():
-            score = top1(torch.cat([the_cut.tail(v.float()) for v in acts.val.split(256)]), val_labels)
+            logits = torch.cat([the_cut.tail(v.float()) for v in acts.val.split(256)])
+        score = top1(logits, val_labels)
         history.append((total / len(x), score))
         epoch_seconds = time.perf_counter() - began
         console.log(f"features: tail epoch {len(history)}: loss {total / len(x):.4f}, validation {score:.4f} "
                     f"({epoch_seconds:.0f} s)")  # fmt: skip
-        if score > best[0]:
-            best = (score, the_cut.state())
-    return best[0], history, best[1]
+        if score > best.val_accuracy:
+            best = TailResult(score, history, the_cut.state(), logits.argmax(1) == val_labels)
+    return TailResult(best.val_accuracy, history, best.state, best.right)
 
 
 @torch.no_grad()
@@ -418,17 +467,22 @@ def fit(model: nn.Module, blocks: int, train: Split, val: Split, run: FeaturesRu
     before = the_cut.state()
     left = run.seconds - (time.perf_counter() - began)
     tuned = fine_tune_tail(the_cut, acts, (train.labels, val.labels), left, run.tail) if the_cut.blocks else None
-    kept_tail = tuned is not None and tuned[2] is not None and tuned[0] > choice.val_accuracy
-    the_cut.load(tuned[2] if kept_tail else before)  # type: ignore[index, arg-type]
+    versus = None
+    if tuned is not None and tuned.state is not None:
+        with torch.no_grad():
+            versus = Versus.of(head(feats["val"]).argmax(1) == val.labels, tuned.right, len(tuned.history))
+    kept_tail = versus is not None and versus.tail_wins
+    the_cut.load(tuned.state if kept_tail and tuned is not None and tuned.state is not None else before)
     if run.refit_on_val:  # the kept network's classifier learns from validation too, with the settings it chose
         if kept_tail:
             feats = {name: pooled_features(the_cut, a) for name, a in vars(acts).items()}
         _refit(the_cut, feats, train.labels, val.labels, run.classes, choice)
     return Outcome(
         kept="tail" if kept_tail else "head", head=choice, tail_blocks=the_cut.blocks,
-        tail_epochs=len(tuned[1]) if tuned else 0, tail_val_accuracy=tuned[0] if tuned and tuned[1] else None,
-        val_accuracy=tuned[0] if kept_tail else choice.val_accuracy,  # type: ignore[index]
-        refit_on_val=run.refit_on_val, history=tuple(tuned[1]) if tuned else (), cached=cached,
+        tail_epochs=len(tuned.history) if tuned else 0,
+        tail_val_accuracy=tuned.val_accuracy if tuned and tuned.history else None, against_head=versus,
+        val_accuracy=tuned.val_accuracy if kept_tail and tuned else choice.val_accuracy,
+        refit_on_val=run.refit_on_val, history=tuple(tuned.history) if tuned else (), cached=cached,
         feature_seconds=feature_seconds, fit_seconds=time.perf_counter() - began - feature_seconds,
     )  # fmt: skip
 

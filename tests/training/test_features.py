@@ -119,7 +119,22 @@ def test_the_head_is_kept_when_the_fine_tune_loses_on_validation(tmp_path: Path)
     assert outcome.head.val_accuracy == 1.0 and outcome.kept == "head"
     for key, value in model.net.conv_head.state_dict().items():
         assert torch.equal(value, before[key]), key
-    assert "no better" in outcome.describe(96)
+    assert "not better beyond chance" in outcome.describe(96)
+
+
+def test_a_fine_tune_is_kept_only_when_validation_tells_it_from_chance() -> None:
+    """The best of 12 epochs right on 12 validation images the head got wrong and wrong on 4 it got right is what
+    chance gives one time in 26 (McNemar's exact test), too often for a pick among 12: the head stays. 30 against 5
+    is not chance; nor is a loss a win."""
+    head_right = torch.tensor([False] * 12 + [True] * 4 + [True] * 200)
+    tail_right = torch.tensor([True] * 12 + [False] * 4 + [True] * 200)
+    close = features.Versus.of(head_right, tail_right, epochs=12)
+    assert (close.gained, close.lost) == (12, 4) and abs(close.p_value - 2517 / 2**16) < 1e-12
+    assert not close.tail_wins and features.Versus.of(head_right, tail_right, epochs=1).tail_wins
+    clear = features.Versus(gained=30, lost=5, epochs=12)
+    assert clear.p_value < 1e-4 and clear.tail_wins
+    assert not features.Versus(gained=0, lost=0, epochs=1).tail_wins
+    assert not features.Versus.of(tail_right, head_right, epochs=1).tail_wins
 
 
 def _features_params(tmp_path: Path, **train: object):
