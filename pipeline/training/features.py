@@ -311,7 +311,7 @@ class Versus:
 
     def describe(self) -> str:
         return (f"{self.gained} validation images gained, {self.lost} lost: p {self.p_value:.3g}, "
-                f"kept below {KEEP_TAIL_P:g} / {self.epochs} epochs")  # fmt: skip
+                f"keeping it needs p below {KEEP_TAIL_P:g} / {self.epochs} epochs")  # fmt: skip
 
 
 def pooled_features(the_cut: Cut, acts: torch.Tensor, batch: int = 256) -> torch.Tensor:
