@@ -103,6 +103,12 @@ def bench_accuracy(ctx: typer.Context) -> None:
     _tool("benchmarks.accuracy", ctx)
 
 
+@app.command("frozen-probe", context_settings=PASS_THROUGH)
+def bench_frozen_probe(ctx: typer.Context) -> None:
+    """A linear head on a packaged backbone's frozen features: k-fold over a folder, or scored on a test folder."""
+    _tool("benchmarks.frozen_probe", ctx)
+
+
 @app.command("served-folder", context_settings=PASS_THROUGH)
 def bench_served_folder(ctx: typer.Context) -> None:
     """A running server's accuracy on a labelled folder of files, one file a request to /v1/predict (httpx)."""

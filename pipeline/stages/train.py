@@ -238,6 +238,7 @@ def _features_summary(
         "kept": outcome.kept,
         "tail_blocks": outcome.tail_blocks,
         "head_val_accuracy": outcome.head.val_accuracy,
+        "head_folds_accuracy": outcome.head.folds_accuracy,
         "tail_val_accuracy": outcome.tail_val_accuracy,
         "tail_p_value": outcome.against_head.p_value if outcome.against_head else None,
         "refit_on_val": outcome.refit_on_val,

@@ -35,6 +35,9 @@ from pipeline.data.loader import Split, to_float
 
 FEATURES_VERSION = 1  # bump when what is cached changes
 HEAD_WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)
+HEAD_FOLDS = (
+    4  # the head's settings are chosen over folds of training + validation: a few hundred images alone pick noise
+)
 KEEP_TAIL_P = 0.05  # the fine-tune's gain on validation must be beyond chance, its best epoch picked among many
 BATCH = 32
 
@@ -232,12 +235,15 @@ def _onnx_runner(trunk: nn.Module, example: torch.Tensor) -> Callable[[torch.Ten
 
 @dataclass(frozen=True)
 class HeadChoice:
-    """The head's settings validation chose, and its accuracy there."""
+    """The head's settings, chosen over folds of training + validation, and its accuracy."""
 
     weight_decay: float
     mirrored: bool
     """Whether the mirror images joined the training features."""
     val_accuracy: float
+    """The head fitted on the training images with these settings, on validation (what a fine-tune must beat)."""
+    folds_accuracy: float
+    """These settings' accuracy over HEAD_FOLDS folds of training + validation, each image scored once."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,8 @@ class Outcome:
         """One sentence: what was trained, at which side, and why."""
         head = (
             f"a head fitted on the frozen backbone's features of {side} px images "
-            f"({'with' if self.head.mirrored else 'without'} mirror images, weight decay {self.head.weight_decay:g}: "
+            f"({'with' if self.head.mirrored else 'without'} mirror images, weight decay {self.head.weight_decay:g}, "
+            f"chosen over {HEAD_FOLDS} folds of training + validation: {self.head.folds_accuracy:.4f}; "
             f"validation {self.head.val_accuracy:.4f})"
         )
         refit = "; then its classifier refitted on training + validation" if self.refit_on_val else ""
@@ -343,22 +350,35 @@ def top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float((logits.argmax(1) == labels).float().mean()) if len(labels) else 0.0
 
 
+def folds_accuracy(
+    feats: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor, classes: int, decay: float, mirrored: bool
+) -> float:
+    """A head's accuracy over HEAD_FOLDS folds of (features, their mirror images), each image held out once."""
+    fold = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0)) % HEAD_FOLDS
+    right = 0
+    for k in range(HEAD_FOLDS):
+        held, kept = fold == k, fold != k
+        x = torch.cat([feats[0][kept], feats[1][kept]]) if mirrored else feats[0][kept]
+        y = torch.cat([labels[kept], labels[kept]]) if mirrored else labels[kept]
+        with torch.no_grad():
+            right += int((fit_linear(x, y, classes, decay)(feats[0][held]).argmax(1) == labels[held]).sum())
+    return right / max(len(labels), 1)
+
+
 def choose_head(
     feats: dict[str, torch.Tensor], train_labels: torch.Tensor, val_labels: torch.Tensor, classes: int
 ) -> tuple[HeadChoice, nn.Linear]:
-    """The weight decay and mirror images that score best on validation (ties: the first tried, fewer images)."""
-    best: tuple[HeadChoice, nn.Linear] | None = None
-    for mirrored in (False, True):
-        x = torch.cat([feats["train"], feats["train_mirrored"]]) if mirrored else feats["train"]
-        y = torch.cat([train_labels, train_labels]) if mirrored else train_labels
-        for decay in HEAD_WEIGHT_DECAYS:
-            head = fit_linear(x, y, classes, decay)
-            with torch.no_grad():
-                score = top1(head(feats["val"]), val_labels)
-            if best is None or score > best[0].val_accuracy:
-                best = (HeadChoice(decay, mirrored, score), head)
-    assert best is not None
-    return best
+    """The weight decay and mirror images that score best over folds of training + validation (ties: the first
+    tried, fewer images), and that head fitted on the training images."""
+    pooled = (torch.cat([feats["train"], feats["val"]]), torch.cat([feats["train_mirrored"], feats["val_mirrored"]]))
+    labels = torch.cat([train_labels, val_labels])
+    scored = {(m, d): folds_accuracy(pooled, labels, classes, d, m) for m in (False, True) for d in HEAD_WEIGHT_DECAYS}
+    mirrored, decay = max(scored, key=lambda setting: scored[setting])  # the first of equals: dicts keep order
+    x = torch.cat([feats["train"], feats["train_mirrored"]]) if mirrored else feats["train"]
+    head = fit_linear(x, torch.cat([train_labels, train_labels]) if mirrored else train_labels, classes, decay)
+    with torch.no_grad():
+        val = top1(head(feats["val"]), val_labels)
+    return HeadChoice(decay, mirrored, val, scored[(mirrored, decay)]), head
 
 
 @dataclass(frozen=True)
@@ -462,8 +482,9 @@ def fit(model: nn.Module, blocks: int, train: Split, val: Split, run: FeaturesRu
     feats = {name: pooled_features(the_cut, a) for name, a in vars(acts).items()}
     choice, head = choose_head(feats, train.labels, val.labels, run.classes)
     the_cut.classifier.load_state_dict(head.state_dict())
-    console.log(f"features: head fitted, validation {choice.val_accuracy:.4f} (weight decay {choice.weight_decay:g}, "
-                f"mirror images {'in' if choice.mirrored else 'out'})")  # fmt: skip
+    console.log(f"features: head fitted, {HEAD_FOLDS} folds {choice.folds_accuracy:.4f}, validation "
+                f"{choice.val_accuracy:.4f} (weight decay {choice.weight_decay:g}, mirror images "
+                f"{'in' if choice.mirrored else 'out'})")  # fmt: skip
     before = the_cut.state()
     left = run.seconds - (time.perf_counter() - began)
     tuned = fine_tune_tail(the_cut, acts, (train.labels, val.labels), left, run.tail) if the_cut.blocks else None

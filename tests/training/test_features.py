@@ -203,3 +203,22 @@ def test_another_weights_file_changes_what_train_depends_on(tmp_path: Path) -> N
     run([*dvc, "repro", "--single-item", "weights"], work, env)
     assert _recorded_weights(work) != first
     assert sha256_of(weights) in (work / "models/weights.json").read_text()
+
+
+def test_the_heads_settings_are_scored_on_images_each_fold_held_out() -> None:
+    """Random labels on 256-d features of 300 images: a head fits its training images, but the folds score what it
+    never saw, so chance; the same features with labels they carry score near 1. choose_head reports the folds'
+    figure of the settings it chose."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 256, generator=generator)
+    noise = torch.randint(0, 2, (300,), generator=generator)
+    carried = (x[:, 0] > 0).long()
+    assert features.folds_accuracy((x, x), noise, 2, 1e-4, False) < 0.62
+    assert features.folds_accuracy((x, x), carried, 2, 1e-4, False) > 0.9
+    feats = {"train": x[:250], "train_mirrored": x[:250], "val": x[250:], "val_mirrored": x[250:]}
+    choice, head = features.choose_head(feats, carried[:250], carried[250:], 2)
+    assert (
+        choice.folds_accuracy == features.folds_accuracy((x, x), carried, 2, choice.weight_decay, choice.mirrored)
+        and choice.folds_accuracy > 0.9
+        and head.out_features == 2
+    )
