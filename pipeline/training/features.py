@@ -4,11 +4,12 @@ The frozen part of the network (the trunk) runs once over the training images, t
 validation images; its activations are cached under `train.checkpoint_dir/features/`, keyed by the data's content
 hash, the weights' sha256, the side and the cut, so a second run (another head, another budget) reuses them. A head
 (the classifier) is then fitted on the pooled features in seconds (L-BFGS, a few weight decays and with or without
-the mirror images, chosen on validation), and in what is left of `train.max_minutes` the last `train.tail_blocks`
-blocks are fine-tuned on the cached activations. The fine-tune is kept only when validation tells it from chance
-(`Versus`: a best epoch a few images ahead of the head on a few hundred images is often luck); the kept network's
-classifier is then refitted on training + validation with the settings validation chose. The result is the same one
-network (backbone + head), so optimize, benchmark, evaluate and the server need no other path.
+the mirror images, chosen over folds of training + validation), and in what is left of `train.max_minutes` the last
+`train.tail_blocks` blocks are fine-tuned on the cached activations. The fine-tune is kept only when validation
+tells it from chance (`Versus`: a best epoch a few images ahead of the head on a few hundred images is often luck);
+the kept network's classifier is then refitted on training + validation with the settings validation chose. The
+result is the same one network (backbone + head), so optimize, benchmark, evaluate and the server need no other
+path.
 
 A network is cut by the first entry of `CUTS` that can cut it (a Protocol and a table: one class and one line for
 another family); every network can be cut before its classifier (the head only).
@@ -35,9 +36,7 @@ from pipeline.data.loader import Split, to_float
 
 FEATURES_VERSION = 1  # bump when what is cached changes
 HEAD_WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)
-HEAD_FOLDS = (
-    4  # the head's settings are chosen over folds of training + validation: a few hundred images alone pick noise
-)
+HEAD_FOLDS = 4  # the head's settings are chosen over folds of training + validation: a few hundred pick noise
 KEEP_TAIL_P = 0.05  # the fine-tune's gain on validation must be beyond chance, its best epoch picked among many
 BATCH = 32
 
