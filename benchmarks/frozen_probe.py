@@ -36,7 +36,8 @@ def features(network: str, files: list[Path], side: int, resize: str) -> tuple[t
 
     info, state = backbones.resolve(network, "package")
     model = nets.build(network, info.mean, info.std, side, num_classes=2)
-    backbones.load_into(model.net, state, info.file)
+    assert state is not None  # a package's weights are a state, never a library's own loader
+    backbones.load_into(model.get_submodule("net"), state, info.file)
     trunk = cut(model, 0).trunk
     images = torch.from_numpy(np.stack([
         to_array(open_image(str(f)), side, resize=resize, interpolation=info.interpolation)  # type: ignore[arg-type]
@@ -55,7 +56,7 @@ def scores(
     train: tuple[torch.Tensor, torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], classes: int
 ) -> dict[str, float]:
     """Accuracy on `test` (features, labels) of a head fitted on `train` (features, mirrored, labels), per setting."""
-    from pipeline.training.features import HEAD_WEIGHT_DECAYS, fit_linear, top1
+    from pipeline.training.head import HEAD_WEIGHT_DECAYS, fit_linear, top1
 
     f, fm, y = train
     out = {}

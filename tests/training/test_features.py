@@ -23,7 +23,7 @@ from pipeline.artifacts.checksum import sha256_of
 from pipeline.config import parse_params
 from pipeline.data.loader import Split
 from pipeline.stages import train
-from pipeline.training import features
+from pipeline.training import features, head
 from tests.helpers.prepared import write_prepared
 from tests.helpers.project import make_project, run
 
@@ -128,13 +128,13 @@ def test_a_fine_tune_is_kept_only_when_validation_tells_it_from_chance() -> None
     is not chance; nor is a loss a win."""
     head_right = torch.tensor([False] * 12 + [True] * 4 + [True] * 200)
     tail_right = torch.tensor([True] * 12 + [False] * 4 + [True] * 200)
-    close = features.Versus.of(head_right, tail_right, epochs=12)
+    close = head.Versus.of(head_right, tail_right, epochs=12)
     assert (close.gained, close.lost) == (12, 4) and abs(close.p_value - 2517 / 2**16) < 1e-12
-    assert not close.tail_wins and features.Versus.of(head_right, tail_right, epochs=1).tail_wins
-    clear = features.Versus(gained=30, lost=5, epochs=12)
+    assert not close.tail_wins and head.Versus.of(head_right, tail_right, epochs=1).tail_wins
+    clear = head.Versus(gained=30, lost=5, epochs=12)
     assert clear.p_value < 1e-4 and clear.tail_wins
-    assert not features.Versus(gained=0, lost=0, epochs=1).tail_wins
-    assert not features.Versus.of(tail_right, head_right, epochs=1).tail_wins
+    assert not head.Versus(gained=0, lost=0, epochs=1).tail_wins
+    assert not head.Versus.of(tail_right, head_right, epochs=1).tail_wins
 
 
 def _features_params(tmp_path: Path, **train: object):
@@ -214,12 +214,12 @@ def test_the_heads_settings_are_scored_on_images_each_fold_held_out() -> None:
     noise = torch.randint(0, 2, (300,), generator=generator)
     carried = torch.randint(0, 2, (300,), generator=generator)
     x[:, 0] += 4.0 * (2 * carried - 1)  # one feature carries these labels
-    assert features.folds_accuracy((x, x), noise, 2, 1e-4, False) < 0.62
-    assert features.folds_accuracy((x, x), carried, 2, 1e-4, False) > 0.9
+    assert head.folds_accuracy((x, x), noise, 2, 1e-4, False) < 0.62
+    assert head.folds_accuracy((x, x), carried, 2, 1e-4, False) > 0.9
     feats = {"train": x[:250], "train_mirrored": x[:250], "val": x[250:], "val_mirrored": x[250:]}
-    choice, head = features.choose_head(feats, carried[:250], carried[250:], 2)
+    choice, fitted = head.choose_head(feats, carried[:250], carried[250:], 2)
     assert (
-        choice.folds_accuracy == features.folds_accuracy((x, x), carried, 2, choice.weight_decay, choice.mirrored)
+        choice.folds_accuracy == head.folds_accuracy((x, x), carried, 2, choice.weight_decay, choice.mirrored)
         and choice.folds_accuracy > 0.9
-        and head.out_features == 2
+        and fitted.out_features == 2
     )
