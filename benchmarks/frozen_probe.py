@@ -26,30 +26,33 @@ def labelled_files(folder: Path) -> tuple[list[Path], list[str]]:
     return files, classes
 
 
-def features(network: str, files: list[Path], side: int, resize: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen backbone's pooled features of each file framed as the server frames it, and of its mirror image."""
+def features(
+    network: str, folders: list[list[Path]], side: int, resize: str
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per list of files: the frozen backbone's pooled features of each file framed as the server frames it (the
+    served `Framing`), and of its mirror image. The network is built and exported once for all of them."""
     import numpy as np
 
     from pipeline.architectures import backbones, nets
-    from pipeline.images.preprocess import open_image, to_array
+    from pipeline.images.preprocess import Framing, peek_image
     from pipeline.training.features import cut, trunk_runner
 
     info, state = backbones.resolve(network, "package")
     model = nets.build(network, info.mean, info.std, side, num_classes=2)
     assert state is not None  # a package's weights are a state, never a library's own loader
     backbones.load_into(model.get_submodule("net"), state, info.file)
-    trunk = cut(model, 0).trunk
-    images = torch.from_numpy(np.stack([
-        to_array(open_image(str(f)), side, resize=resize, interpolation=info.interpolation)  # type: ignore[arg-type]
-        for f in files
-    ])).permute(0, 3, 1, 2)  # fmt: skip
-    run = trunk_runner(trunk, images[:1])
-    plain, mirrored = [], []
-    for batch in images.split(64):
-        x = batch.float() / 255
-        plain.append(run(x.contiguous()))
-        mirrored.append(run(x.flip(3).contiguous()))
-    return torch.cat(plain), torch.cat(mirrored)
+    framing = Framing(size=side, resize=resize, interpolation=info.interpolation)  # type: ignore[arg-type]
+    run = trunk_runner(cut(model, 0).trunk, torch.zeros(1, 3, side, side, dtype=torch.uint8))
+    found = []
+    for files in folders:
+        images = torch.from_numpy(np.stack([framing.decode(peek_image(str(f))) for f in files])).permute(0, 3, 1, 2)
+        plain, mirrored = [], []
+        for batch in images.split(64):
+            x = batch.float() / 255
+            plain.append(run(x.contiguous()))
+            mirrored.append(run(x.flip(3).contiguous()))
+        found.append((torch.cat(plain), torch.cat(mirrored)))
+    return found
 
 
 def scores(
@@ -77,11 +80,11 @@ def folds(files: list[Path], k: int) -> torch.Tensor:
 def probe(args: argparse.Namespace, side: int, resize: str) -> dict[str, object]:
     files, classes = labelled_files(args.folder)
     labels = torch.tensor([classes.index(f.parent.name) for f in files])
-    f, fm = features(args.network, files, side, resize)
-    if args.test is not None:
-        test_files, _ = labelled_files(args.test)
+    test_files = labelled_files(args.test)[0] if args.test is not None else []
+    (f, fm), *test = features(args.network, [files, test_files] if test_files else [files], side, resize)
+    if test:
         test_labels = torch.tensor([classes.index(t.parent.name) for t in test_files])
-        test_f, _ = features(args.network, test_files, side, resize)
+        test_f = test[0][0]
         found = scores((f, fm, labels), (test_f, test_labels), len(classes))
         return {"side": side, "resize": resize, "scored": len(test_files), "trained": len(files), "accuracy": found}
     fold = folds(files, args.folds)

@@ -7,7 +7,7 @@ hash, the weights' sha256, the side and the cut, so a second run (another head, 
 the mirror images, chosen over folds of training + validation), and in what is left of `train.max_minutes` the last
 `train.tail_blocks` blocks are fine-tuned on the cached activations. The fine-tune is kept only when validation
 tells it from chance (`Versus`: a best epoch a few images ahead of the head on a few hundred images is often luck);
-the kept network's classifier is then refitted on training + validation with the settings validation chose. The
+the kept network's classifier is then refitted on training + validation with the settings the folds chose. The
 result is the same one network (backbone + head), so optimize, benchmark, evaluate and the server need no other
 path.
 
@@ -18,6 +18,7 @@ another family); every network can be cut before its classifier (the head only).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -343,7 +344,7 @@ def fine_tune_tail(
                     f"({epoch_seconds:.0f} s)")  # fmt: skip
         if score > best.val_accuracy:
             best = TailResult(score, history, the_cut.state(), logits.argmax(1) == val_labels)
-    return TailResult(best.val_accuracy, history, best.state, best.right)
+    return dataclasses.replace(best, history=history)
 
 
 @torch.no_grad()
@@ -390,12 +391,13 @@ def fit(model: nn.Module, blocks: int, train: Split, val: Split, run: FeaturesRu
     before = the_cut.state()
     left = run.seconds - (time.perf_counter() - began)
     tuned = fine_tune_tail(the_cut, acts, (train.labels, val.labels), left, run.tail) if the_cut.blocks else None
-    versus = None
+    versus, kept = None, before
     if tuned is not None and tuned.state is not None:
         with torch.no_grad():
             versus = Versus.of(head(feats["val"]).argmax(1) == val.labels, tuned.right, len(tuned.history))
-    kept_tail = versus is not None and versus.tail_wins
-    the_cut.load(tuned.state if kept_tail and tuned is not None and tuned.state is not None else before)
+        kept = tuned.state if versus.tail_wins else before
+    kept_tail = kept is not before
+    the_cut.load(kept)
     if run.refit_on_val:  # the kept network's classifier learns from validation too, with the settings it chose
         if kept_tail:
             feats = {name: pooled_features(the_cut, a) for name, a in vars(acts).items()}
