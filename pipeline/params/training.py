@@ -182,9 +182,9 @@ class TrainConfig(Section):
     from_pretrained: Literal["full", "features"] = "full"
     """torchvision/timm networks that start from pretrained weights: `full` trains the whole network for the epochs;
     `features` computes the frozen backbone's features once (cached), fits the classifier on them in seconds, then
-    fine-tunes the last `tail_blocks` blocks on the cached activations in what is left of `max_minutes` and keeps
-    whichever validation prefers; with `train_on_val` the kept network's classifier is then refitted on training +
-    validation with the settings validation chose (pipeline/training/features.py). The right first step on a CPU.
+    fine-tunes the last `tail_blocks` blocks on the cached activations in what is left of `max_minutes`, kept only
+    when validation tells it from chance (pipeline/training/head.py); with `train_on_val` the kept network's
+    classifier is then refitted on training + validation (pipeline/training/features.py). The right first step on a CPU.
     Random weights always train `full`."""
     tail_blocks: int = Field(1, ge=0, le=16)
     """`from_pretrained: features`: the last blocks fine-tuned after the head (0: the head only). A network the
